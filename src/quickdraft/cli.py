@@ -1,0 +1,118 @@
+"""Command-line entry point: `quickdraft generate | prepare | bench`.
+
+argparse lives only here; each subcommand maps its flags to dataclasses and calls the library.
+User errors exit with status 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from quickdraft.config import DTYPES, DraftConfig
+from quickdraft.errors import QuickdraftError
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="local HF model folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="model dtype (default: bfloat16)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _add_decode_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="sd", choices=("ar", "sd"), help="ar = plain decoding, sd = speculative")
+    p.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS (default: ngram)")
+    p.add_argument("--draft-length", type=int, default=4, help="draft tokens per round, gamma (default: 4)")
+    p.add_argument("--draft-schedule", default="fixed", choices=("fixed", "heuristic", "confidence"))
+    p.add_argument("--confidence-threshold", type=float, default=0.4, help="for --draft-schedule confidence")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quickdraft", description="Speculative decoding, lossless and measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt and print statistics")
+    gen.add_argument("prompt", help="the prompt (the chat template is applied unless --raw)")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"}')
+    _add_model_flags(gen)
+    _add_decode_flags(gen)
+    gen.set_defaults(func=_cmd_generate)
+
+    prep = sub.add_parser("prepare", help="convert the embedded default model once (GGUF -> safetensors cache)")
+    prep.set_defaults(func=_cmd_prepare)
+
+    from quickdraft.bench.cli import add_bench_parser
+
+    add_bench_parser(sub, _add_model_flags)
+    return parser
+
+
+def _format_stats(stats: dict) -> str:
+    per_pos = ", ".join(f"{r:.2f}" for r in stats["acceptance_rate_per_position"]) or "-"
+    lines = [
+        f"new tokens              {stats['num_new_tokens']}",
+        f"target forwards         {stats['num_target_forwards']}",
+        f"drafts / draft tokens   {stats['num_drafts']} / {stats['num_draft_tokens']}",
+        f"accepted draft tokens   {stats['num_accepted_draft_tokens']}",
+        f"draft_acceptance_rate   {stats['draft_acceptance_rate']:.3f}",
+        f"mean_acceptance_length  {stats['mean_acceptance_length']:.3f}  (tokens per verification, bonus included)",
+        f"acceptance by position  {per_pos}",
+        f"tokens/s                {stats['tokens_per_s']:.2f}  (wall {stats['wall_s']:.2f} s: prefill "
+        f"{stats['prefill_s']:.2f}, drafting {stats['draft_s']:.2f}, verifying {stats['verify_s']:.2f})",
+    ]
+    if stats["lossy"]:
+        lines.append("verification            LOSSY (output may differ from the target's distribution)")
+    return "\n".join(lines)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from quickdraft.engine import Engine, EngineConfig
+
+    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold,
+                        max(16, args.draft_length))
+    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft)
+    engine = Engine.load(args.target, config, args.dtype, args.threads)
+    result = engine.generate(
+        args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, stop=args.stop, raw=args.raw,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print(result.text)
+    label = "plain decoding" if args.method == "ar" else f"speculative, drafter {engine.drafter.name}"
+    print(f"\n--- {engine.target_info.name} ({args.dtype}), {label}, finish_reason={result.finish_reason}")
+    print(_format_stats(result.stats.to_dict()))
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from quickdraft.models.default import ensure_default_model
+
+    print(ensure_default_model())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except QuickdraftError as exc:
+        print(f"quickdraft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("quickdraft: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

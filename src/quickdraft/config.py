@@ -1,0 +1,95 @@
+"""Frozen, validated configuration values shared across layers (no I/O here)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from quickdraft.errors import QuickdraftError
+
+DTYPES = ("bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How one distribution over the vocabulary is turned into a token.
+
+    The same processing (temperature, then top-k, then top-p) is applied to the target's p and the
+    draft's q, so speculative sampling is lossless with respect to the processed target law.
+
+    Attributes:
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_k: keep the k most likely tokens (0 = off).
+        top_p: keep the smallest set whose probability reaches top_p (1.0 = off).
+        seed: per-request seed; None draws a fresh one.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise QuickdraftError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise QuickdraftError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise QuickdraftError(f"top_p must be in (0, 1], got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    """When a generation ends. The terminating EOS is emitted and counted (plain greedy's rule).
+
+    Attributes:
+        max_new_tokens: hard budget of generated tokens (>= 1).
+        eos_token_ids: token ids that end the generation.
+        stop_strings: strings that end the generation; the text is cut before them.
+    """
+
+    max_new_tokens: int = 128
+    eos_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise QuickdraftError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if any((not isinstance(s, str)) or s == "" for s in self.stop_strings):
+            raise QuickdraftError("stop strings must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """How many tokens to draft per round.
+
+    Attributes:
+        num_draft_tokens: gamma, the (initial, for adaptive schedules) draft length (>= 1).
+        schedule: "fixed", "heuristic" (transformers' +2 on full acceptance / -1 otherwise) or
+            "confidence" (stop drafting once the draft's top-1 probability falls below threshold).
+        confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
+        max_num_draft_tokens: upper bound for the heuristic schedule.
+    """
+
+    num_draft_tokens: int = 4
+    schedule: str = "fixed"
+    confidence_threshold: float = 0.4
+    max_num_draft_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
+            raise QuickdraftError(f"draft length must be an integer >= 1, got {self.num_draft_tokens!r}")
+        if self.schedule not in ("fixed", "heuristic", "confidence"):
+            raise QuickdraftError(
+                f"unknown draft schedule {self.schedule!r}; choose fixed, heuristic or confidence"
+            )
+        if not (0.0 < self.confidence_threshold < 1.0):
+            raise QuickdraftError(f"confidence threshold must be in (0, 1), got {self.confidence_threshold}")
+        if self.max_num_draft_tokens < self.num_draft_tokens:
+            raise QuickdraftError("max_num_draft_tokens must be >= num_draft_tokens")

@@ -1,0 +1,70 @@
+"""Drafters and the name -> builder registry used at the CLI/server/benchmark edge.
+
+Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram), "model:PATH" (an independent
+draft model folder), "truncated:N" (the target's first N layers + norm + head, a real-weights
+stand-in for a draft model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.model_drafter import ModelDrafter
+from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.loading import LoadedModel, check_vocab, load_model, truncated_copy
+
+Builder = Callable[[str | None, LoadedModel, str], Drafter]
+
+
+def _int_arg(kind: str, arg: str | None, default: int | None) -> int:
+    if arg is None and default is not None:
+        return default
+    try:
+        return int(arg)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise QuickdraftError(f"drafter {kind!r} needs an integer argument, e.g. {kind}:3 (got {arg!r})") from None
+
+
+def _ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    return PromptLookupDrafter(max_ngram=_int_arg("ngram", arg, 3))
+
+
+def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
+    vocab = check_vocab(target, draft)
+    return ModelDrafter(CachedModel(draft.model, vocab), name=name)
+
+
+def _model(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    if not arg:
+        raise QuickdraftError("drafter 'model' needs a path: model:PATH")
+    return _model_drafter(load_model(arg, dtype), target, f"model:{arg}")
+
+
+def _truncated(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    layers = _int_arg("truncated", arg, None)
+    return _model_drafter(truncated_copy(target, layers), target, f"truncated:{layers}")
+
+
+DRAFTERS: dict[str, Builder] = {"ngram": _ngram, "model": _model, "truncated": _truncated}
+
+
+def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Drafter:
+    """Build a drafter from its spec string (see the module docstring)."""
+    kind, _, arg = spec.partition(":")
+    if kind not in DRAFTERS:
+        raise QuickdraftError(f"unknown drafter {spec!r}; choose one of: ngram, model:PATH, truncated:N")
+    return DRAFTERS[kind](arg or None, target, dtype)
+
+
+__all__ = [
+    "Drafter",
+    "DRAFTERS",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "empty_proposal",
+    "make_drafter",
+    "prompt_lookup",
+]

@@ -1,0 +1,63 @@
+"""An independent draft model (any causal LM sharing the target's vocabulary).
+
+Drafting calls the model's forward directly through a CachedModel, one token per step with the LM
+head on the last position only; `transformers.generate()` is avoided because its per-call set-up
+dominates a small model's step on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.types import Proposal
+
+
+class ModelDrafter:
+    """Autoregressive drafting with a small model that owns its own KV cache.
+
+    Cache ownership: this object's CachedModel. At each `propose` the cache is synced to the
+    committed context (rejected drafts dropped, unfed tokens such as the last accepted draft and the
+    bonus token fed), then k tokens are drafted; the last drafted token is never fed.
+    """
+
+    def __init__(self, model: CachedModel, name: str = "model") -> None:
+        self.model = model
+        self.name = name
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.model.reset()
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        logits = self.model.sync(context)[-1]  # (V,)
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        while True:
+            if sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = logits_to_probs(logits, sampling)  # (V,) float32
+                token = int(sample(q, generator))
+                q_rows.append(q)
+            tokens.append(token)
+            if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
+                break
+            logits = self.model.extend([token], last_only=True)[-1]
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            q_probs=torch.stack(q_rows) if q_rows else None,
+        )

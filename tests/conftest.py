@@ -1,0 +1,106 @@
+"""Tiny in-process models for fast CPU tests (no downloads, no weights on disk unless a test saves them)."""
+
+from __future__ import annotations
+
+import copy
+import string
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from quickdraft.models.loading import LoadedModel
+
+CHARS = string.ascii_lowercase + " .,!?"
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ids 0..2 are <pad>, <eos>, <unk>, then one id per character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_llama(
+    vocab: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0, dtype: torch.dtype = torch.float32,
+    init: float = 0.3, tokenizer: object | None = None, eos: int | None = None,
+) -> LoadedModel:
+    """A random Llama with peaky logits (large init) so greedy paths repeat and drafts get accepted."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        initializer_range=init, tie_word_embeddings=False, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    model.generation_config.eos_token_id = eos
+    return LoadedModel(model=model, tokenizer=tokenizer, name=f"tiny-{seed}")
+
+
+def noisy_copy(target: LoadedModel, noise: float, seed: int = 1) -> LoadedModel:
+    """A draft that agrees with the target part of the time: its weights plus Gaussian noise."""
+    draft = copy.deepcopy(target.model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise * p.std().clamp_min(1e-3))
+    return LoadedModel(model=draft, tokenizer=target.tokenizer, name=f"{target.name}-noisy{noise}")
+
+
+# --- Markov-chain fakes: exact, enumerable laws for distribution tests ---------------------------
+
+
+class MarkovModel:
+    """Quacks like CachedModel: the next-token logits depend only on the last token (log T[last])."""
+
+    def __init__(self, transition: torch.Tensor) -> None:
+        self.logT = transition.double().log()  # (V, V)
+        self.vocab_size = transition.shape[0]
+        self.max_length = 1 << 20
+        self.tokens: list[int] = []
+        self.num_forwards = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def extend(self, tokens, last_only: bool = False) -> torch.Tensor:
+        self.tokens.extend(int(t) for t in tokens)
+        self.num_forwards += 1
+        rows = self.logT[torch.tensor(list(tokens))]
+        return rows[-1:] if last_only else rows
+
+    def prefill(self, tokens) -> torch.Tensor:
+        self.reset()
+        return self.extend(tokens, last_only=True)
+
+    def rollback(self, length: int) -> None:
+        assert 0 <= length <= self.length
+        del self.tokens[length:]
+
+    def sync(self, context, last_only: bool = True) -> torch.Tensor:
+        self.rollback(min(self.length, len(context) - 1))
+        keep = 0
+        while keep < self.length and self.tokens[keep] == context[keep]:
+            keep += 1
+        self.rollback(keep)
+        return self.extend(context[keep:], last_only=last_only)
+
+
+def random_transition(vocab: int, seed: int, concentration: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = -torch.log(torch.rand(vocab, vocab, generator=g, dtype=torch.float64)) ** (1 / concentration)
+    return t / t.sum(-1, keepdim=True)
+
+
+@pytest.fixture
+def tiny_target() -> LoadedModel:
+    return tiny_llama(seed=0)

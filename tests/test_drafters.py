@@ -1,0 +1,78 @@
+"""Drafter contracts: prompt lookup against its naive twin; the model drafter samples from exactly the q
+it returns and keeps its cache equal to the committed prefix."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import noisy_copy, tiny_llama
+from oracles import naive_forward_logits, naive_prompt_lookup
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters import ModelDrafter, PromptLookupDrafter, prompt_lookup
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.sampling import logits_to_probs
+
+
+@settings(max_examples=300, deadline=None)
+@given(ctx=st.lists(st.integers(0, 4), min_size=1, max_size=40), k=st.integers(1, 6),
+       max_ngram=st.integers(1, 4))
+def test_prompt_lookup_matches_naive_twin(ctx, k, max_ngram):
+    assert prompt_lookup(ctx, k, max_ngram, 1) == naive_prompt_lookup(ctx, k, max_ngram, 1)
+
+
+def test_prompt_lookup_examples():
+    assert prompt_lookup([1, 2, 3, 4, 1, 2], 2) == [3, 4]
+    assert prompt_lookup([5, 6, 7], 3) == []
+    assert prompt_lookup([1, 2, 9, 1, 2, 8, 1, 2], 1) == [8]  # most recent match wins
+
+
+def test_ngram_drafter_is_deterministic():
+    prop = PromptLookupDrafter().propose([1, 2, 3, 1, 2], 4, SamplingConfig(temperature=1.0), None)
+    assert prop.tokens.tolist() == [3, 1, 2] and prop.q_probs is None
+
+
+def test_model_drafter_greedy_matches_argmax_chain():
+    m = tiny_llama(dtype=torch.float64).model
+    drafter = ModelDrafter(CachedModel(m))
+    ctx = [3, 1, 4, 1, 5]
+    prop = drafter.propose(ctx, 4, SamplingConfig(), None)
+    ids = list(ctx)
+    for t in prop.tokens.tolist():
+        assert t == int(naive_forward_logits(m, ids)[-1].argmax())
+        ids.append(t)
+    assert prop.q_probs is None
+    assert drafter.model.tokens == ids[:-1]  # the last draft token is never fed
+
+
+def test_model_drafter_samples_from_the_q_it_returns():
+    target = tiny_llama(dtype=torch.float64)
+    m = noisy_copy(target, 0.5).model
+    drafter = ModelDrafter(CachedModel(m))
+    cfg = SamplingConfig(temperature=0.9, top_k=5)
+    ctx = [2, 7, 1]
+    prop = drafter.propose(ctx, 3, cfg, torch.Generator().manual_seed(0))
+    ids = list(ctx)
+    for i, t in enumerate(prop.tokens.tolist()):
+        q = logits_to_probs(naive_forward_logits(m, ids)[-1], cfg)
+        assert torch.allclose(prop.q_probs[i], q, atol=1e-10)
+        assert q[t] > 0
+        ids.append(t)
+    # same generator seed -> same proposal (after the drafter resyncs its cache)
+    again = drafter.propose(ctx, 3, cfg, torch.Generator().manual_seed(0))
+    assert again.tokens.tolist() == prop.tokens.tolist()
+
+
+def test_model_drafter_resyncs_after_rejection_and_bonus():
+    m = tiny_llama(dtype=torch.float64).model
+    drafter = ModelDrafter(CachedModel(m))
+    drafter.propose([1, 2, 3], 4, SamplingConfig(), None)
+    # next round: 1 draft accepted then a correction token that the draft never saw
+    new_ctx = [1, 2, 3, 9, 12]
+    prop = drafter.propose(new_ctx, 2, SamplingConfig(), None)
+    assert prop.tokens[0] == int(naive_forward_logits(m, new_ctx)[-1].argmax())
+
+
+def test_confidence_stop_ends_the_draft_early():
+    m = tiny_llama(init=0.01).model  # flat logits: top-1 probability ~1/V
+    prop = ModelDrafter(CachedModel(m)).propose([1, 2], 6, SamplingConfig(), None, lambda logits: False)
+    assert len(prop) == 1

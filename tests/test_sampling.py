@@ -1,0 +1,83 @@
+"""Warper closed forms (testing.md A11) and the residual's edge cases (A8)."""
+
+import math
+
+import pytest
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.errors import QuickdraftError
+from quickdraft.sampling import logits_to_probs, residual, sample
+
+
+def test_temperature_closed_form():
+    logits = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    probs = logits_to_probs(logits, SamplingConfig(temperature=2.0))
+    expected = torch.softmax(logits / 2.0, -1)
+    assert torch.allclose(probs, expected, atol=1e-12)
+
+
+def test_greedy_is_one_hot_on_argmax():
+    probs = logits_to_probs(torch.tensor([[0.5, 3.0, -1.0]]), SamplingConfig(temperature=0.0))
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_top_k_closed_form():
+    logits = torch.log(torch.tensor([0.1, 0.4, 0.2, 0.3], dtype=torch.float64))
+    probs = logits_to_probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert torch.allclose(probs, torch.tensor([0, 4 / 7, 0, 3 / 7], dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "top_p, expected",
+    [
+        (0.35, [0, 1, 0, 0]),  # 0.4 alone reaches 0.35
+        (0.5, [0, 4 / 7, 0, 3 / 7]),  # 0.4 < 0.5 -> add 0.3
+        (0.75, [0, 4 / 9, 2 / 9, 3 / 9]),
+        (1.0, [0.1, 0.4, 0.2, 0.3]),
+    ],
+)
+def test_top_p_closed_form(top_p, expected):
+    logits = torch.log(torch.tensor([0.1, 0.4, 0.2, 0.3], dtype=torch.float64))
+    probs = logits_to_probs(logits, SamplingConfig(temperature=1.0, top_p=top_p))
+    assert torch.allclose(probs, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+
+
+def test_probabilities_are_float32_for_bf16_logits():
+    probs = logits_to_probs(torch.randn(3, 10).bfloat16(), SamplingConfig(temperature=0.7, top_p=0.9))
+    assert probs.dtype == torch.float32
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_residual_closed_form_and_identity():
+    p = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    accept = torch.clamp(p / q, max=1.0)
+    assert torch.allclose(accept, torch.tensor([1.0, 1.0, 0.2], dtype=torch.float64))
+    r = residual(p, q)
+    assert torch.allclose(r, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+    law = q * accept + (1 - (q * accept).sum()) * r
+    assert torch.allclose(law, p, atol=1e-12)
+
+
+def test_residual_falls_back_to_p_when_p_equals_q():
+    p = torch.tensor([0.25, 0.75])
+    r = residual(p, p.clone())
+    assert not torch.isnan(r).any()
+    assert torch.allclose(r, p)
+
+
+def test_sample_respects_support():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5]).expand(1000, 4)
+    draws = sample(probs, g)
+    assert set(draws.tolist()) <= {1, 3}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(temperature=-0.1), dict(temperature=math.nan), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)],
+)
+def test_bad_sampling_config_is_rejected(kwargs):
+    with pytest.raises(QuickdraftError):
+        SamplingConfig(**kwargs)
