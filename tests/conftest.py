@@ -104,3 +104,24 @@ def random_transition(vocab: int, seed: int, concentration: float = 1.0) -> torc
 @pytest.fixture
 def tiny_target() -> LoadedModel:
     return tiny_llama(seed=0)
+
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}.{% endfor %}"
+
+
+def tiny_text_model(seed: int = 0, dtype: torch.dtype = torch.float32, chat: bool = True) -> LoadedModel:
+    """A tiny model with the character tokenizer (eos id 1) so text prompts and stop strings work."""
+    tok = char_tokenizer()
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    return tiny_llama(vocab=len(tok), seed=seed, dtype=dtype, tokenizer=tok, eos=tok.eos_token_id)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny text model saved as an ordinary Hugging Face folder (for CLI and bench tests)."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    m = tiny_text_model()
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    return str(path)

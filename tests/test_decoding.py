@@ -127,6 +127,7 @@ def test_eos_inside_accepted_draft_ends_generation_exactly():
     assert out.token_ids == reference[: first + 1]  # the terminating EOS is emitted, nothing after it
     assert out.finish_reason == "stop"
     assert out.stats.num_accepted_draft_tokens == first  # drafts after EOS are not counted
+    assert out.stats.draft_acceptance_rate == 1.0  # ... neither as accepted nor as drafted
     assert out.stats.num_new_tokens == first + 1
 
 

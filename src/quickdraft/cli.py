@@ -74,8 +74,12 @@ def _format_stats(stats: dict) -> str:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from quickdraft.config import SamplingConfig, StopConfig
     from quickdraft.engine import Engine, EngineConfig
 
+    # validate every flag before the (slow) model load
+    SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
     draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold,
                         max(16, args.draft_length))
     config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft)

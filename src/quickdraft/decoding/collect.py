@@ -19,10 +19,13 @@ def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
     else:
         stats.draft_s += rnd.draft_s
         stats.verify_s += rnd.verify_s
-    k = rnd.num_draft_tokens
-    if k == 0:
+    if rnd.num_draft_tokens == 0:
         return
-    accepted = min(rnd.num_accepted, kept)  # drafts past an EOS/stop/budget end are not counted
+    # When the generation ends on an accepted draft, the draft positions after it are neither
+    # emitted nor counted (as drafted or accepted).
+    ended_in_drafts = kept <= rnd.num_accepted
+    k = kept if ended_in_drafts else rnd.num_draft_tokens
+    accepted = kept if ended_in_drafts else rnd.num_accepted
     stats.num_drafts += 1
     stats.num_draft_tokens += k
     stats.num_accepted_draft_tokens += accepted

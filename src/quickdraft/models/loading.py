@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 from quickdraft.config import DTYPES  # noqa: E402
 from quickdraft.errors import QuickdraftError  # noqa: E402
@@ -57,6 +58,7 @@ def resolve_dtype(name: str) -> torch.dtype:
 def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
     """Load a local HF causal-LM folder (or "default") in `dtype` on CPU, in eval mode."""
     torch_dtype = resolve_dtype(dtype)
+    hf_logging.disable_progress_bar()  # our own CLI output stays readable
     if path in (None, "default", DEFAULT_MODEL_NAME):
         folder, name = ensure_default_model(), DEFAULT_MODEL_NAME
     else:

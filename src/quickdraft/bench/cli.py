@@ -1,0 +1,103 @@
+"""`quickdraft bench` (run), `quickdraft bench compare` and `quickdraft bench doc`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+QUICK = {"limit": 1, "max_new_tokens": 64, "runs": 2}
+
+
+def add_bench_parser(sub, add_model_flags) -> None:
+    bench = sub.add_parser("bench", help="benchmark methods against plain decoding (Spec-Bench style)")
+    bench.add_argument("--methods", default="ar,sd:drafter=ngram",
+                       help="comma-separated NAME[:key=value,...]; names: ar, sd, hf-assisted")
+    bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
+    bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--runs", type=int, default=3)
+    bench.add_argument("--quick", action="store_true",
+                       help="preset: 1 prompt per category, 64 new tokens, 2 runs (explicit flags win)")
+    bench.add_argument("--out", default="bench-out", help="output folder")
+    add_model_flags(bench)
+    bench.set_defaults(func=_cmd_bench)
+    actions = bench.add_subparsers(dest="bench_action")
+
+    cmp_ = actions.add_parser("compare", help="check a method's outputs against plain decoding")
+    cmp_.add_argument("out", help="a benchmark output folder")
+    cmp_.add_argument("--method", required=True, help="the method string as in results.json")
+    cmp_.set_defaults(func=_cmd_compare)
+
+    doc = actions.add_parser("doc", help="write a markdown page from benchmark reports")
+    doc.add_argument("outs", nargs="+", help="benchmark output folders")
+    doc.add_argument("--output", default="docs/benchmarks.md")
+    doc.add_argument("--intro", default=None, help="a markdown file to put first")
+    doc.set_defaults(func=_cmd_doc)
+
+
+def _explicit(flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in sys.argv)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from quickdraft.bench.runner import BenchConfig, run_bench
+
+    if args.quick:
+        for key, value in QUICK.items():
+            if not _explicit("--" + key.replace("_", "-")):
+                setattr(args, key, value)
+    config = BenchConfig(
+        methods=args.methods, prompts=args.prompts,
+        categories=args.categories.split(",") if args.categories else None, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, runs=args.runs, target=args.target, dtype=args.dtype,
+        threads=args.threads, out=args.out, command="quickdraft " + shlex.join(sys.argv[1:]),
+    )
+    summary = run_bench(config)
+    print((Path(args.out) / "report.md").read_text())
+    print(f"results: {args.out}/results.json, rows: {args.out}/results.jsonl")
+    return 0 if summary else 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from quickdraft.bench.compare import find_mismatches, load_rows
+    from quickdraft.models.loading import load_model
+
+    rows, summary = load_rows(Path(args.out))
+    cfg = summary["config"]
+    target = load_model(cfg["target"], cfg["dtype"])
+    tok = target.tokenizer
+    total, mismatches = find_mismatches(rows, args.method, target.model, cfg["dtype"])
+    show = (lambda t: repr(tok.decode([t]))) if tok is not None else str
+    for m in mismatches:
+        if m.ar_token < 0:
+            print(f"{m.question_id} run {m.run}: one output is a prefix of the other at token {m.position}")
+            continue
+        verdict = "near-tie (numerics)" if m.near_tie else "REAL DIVERGENCE"
+        print(f"{m.question_id} run {m.run}: first difference at token {m.position}: ar {show(m.ar_token)} vs "
+              f"{show(m.method_token)}; top-2 margin {m.margin:.4g} ({cfg['dtype']}) -> {verdict}")
+    real = sum(not m.near_tie for m in mismatches)
+    print(f"{args.method}: {total - len(mismatches)}/{total} outputs identical to plain decoding; "
+          f"{len(mismatches) - real} near-tie divergences, {real} unexplained")
+    return 1 if real else 0
+
+
+def _cmd_doc(args: argparse.Namespace) -> int:
+    from quickdraft.errors import QuickdraftError
+
+    parts = [Path(args.intro).read_text()] if args.intro else []
+    for out in args.outs:
+        report = Path(out) / "report.md"
+        if not report.is_file():
+            raise QuickdraftError(f"{out} has no report.md")
+        text = report.read_text()
+        # plots live beside the report: point image links at them
+        rel = Path(out)
+        text = text.replace("](", f"]({Path('..') / rel}/" if not rel.is_absolute() else f"]({rel}/")
+        parts.append(text)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text("\n".join(parts))
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,78 @@
+"""Pure metric functions over benchmark rows (dicts as written to results.jsonl).
+
+tokens/s is sum(new tokens) / sum(wall seconds) over a group; speedup_vs_ar divides a method's
+tokens/s by plain decoding's over the same prompts and runs; mean_accepted_tokens is Spec-Bench's
+tokens per target forward (1.00 for plain decoding; prefill forward included).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+
+def _sum(rows: list[dict], key: str) -> float:
+    return float(sum(r[key] for r in rows))
+
+
+def _positions(rows: list[dict], key: str) -> list[int]:
+    out: list[int] = []
+    for r in rows:
+        for i, v in enumerate(r.get(key) or []):
+            if i == len(out):
+                out.append(0)
+            out[i] += v
+    return out
+
+
+def tokens_per_s(rows: list[dict]) -> float:
+    wall = _sum(rows, "wall_s")
+    return _sum(rows, "new_tokens") / wall if wall > 0 else 0.0
+
+
+def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
+    """Metrics of one method over `rows`, against plain decoding's `ar_rows` on the same prompts."""
+    runs = sorted({r["run"] for r in rows})
+    per_run_tps = [tokens_per_s([r for r in rows if r["run"] == k]) for k in runs]
+    per_run_speedup = []
+    for k in runs:
+        base = tokens_per_s([r for r in ar_rows if r["run"] == k])
+        per_run_speedup.append(tokens_per_s([r for r in rows if r["run"] == k]) / base if base else 0.0)
+    drafted, accepted = _sum(rows, "num_draft_tokens"), _sum(rows, "num_accepted")
+    drafts = _sum(rows, "num_drafts")
+    dpos, apos = _positions(rows, "drafted_per_position"), _positions(rows, "accepted_per_position")
+    forwards = _sum(rows, "target_forwards")
+    return {
+        "num_prompts": len({r["question_id"] for r in rows}),
+        "runs": len(runs),
+        "new_tokens": int(_sum(rows, "new_tokens")),
+        "tokens_per_s": tokens_per_s(rows),
+        "tokens_per_s_std": statistics.stdev(per_run_tps) if len(per_run_tps) > 1 else 0.0,
+        "speedup_vs_ar": statistics.mean(per_run_speedup) if per_run_speedup else 0.0,
+        "speedup_vs_ar_std": statistics.stdev(per_run_speedup) if len(per_run_speedup) > 1 else 0.0,
+        "mean_accepted_tokens": _sum(rows, "new_tokens") / forwards if forwards else 0.0,
+        "num_draft_tokens": int(drafted),
+        "num_accepted_draft_tokens": int(accepted),
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos)],
+        "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
+    }
+
+
+def summarize(rows: list[dict], ar_method: str = "ar") -> dict:
+    """{"methods": {METHOD: {...overall..., "categories": {CATEGORY: {...}}}}} from all rows."""
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_method[r["method"]].append(r)
+    ar_rows = by_method.get(ar_method, [])
+    out: dict = {"methods": {}}
+    for method, mrows in by_method.items():
+        entry = group_metrics(mrows, ar_rows)
+        cats: dict[str, dict] = {}
+        for cat in sorted({r["category"] for r in mrows}):
+            cats[cat] = group_metrics([r for r in mrows if r["category"] == cat],
+                                      [r for r in ar_rows if r["category"] == cat])
+        entry["categories"] = cats
+        out["methods"][method] = entry
+    return out

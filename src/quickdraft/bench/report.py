@@ -1,0 +1,74 @@
+"""report.md from a benchmark's summary (and the plots beside it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quickdraft.bench.plots import plot_acceptance_by_position, plot_speedup_by_category, plot_speedup_vs_draft_length
+
+
+def _table(summary: dict) -> list[str]:
+    lines = [
+        "| method | tokens/s (± run std) | speedup vs ar (± std) | mean accepted tokens | draft acceptance "
+        "| matches ar |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, s in summary["methods"].items():
+        lines.append(
+            f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
+            f"{s['speedup_vs_ar_std']:.2f} | {s['mean_accepted_tokens']:.2f} | "
+            f"{s['draft_acceptance_rate']:.3f} | {s['lossless_match_rate']:.0%} |"
+        )
+    return lines
+
+
+def _category_table(summary: dict) -> list[str]:
+    methods = [m for m in summary["methods"] if m != "ar"]
+    cats = sorted({c for m in summary["methods"].values() for c in m["categories"]})
+    lines = ["| category | " + " | ".join(f"`{m}`" for m in methods) + " |",
+             "|---|" + "---|" * len(methods)]
+    for c in cats:
+        cells = []
+        for m in methods:
+            s = summary["methods"][m]["categories"].get(c)
+            cells.append(f"{s['speedup_vs_ar']:.2f}x / {s['mean_accepted_tokens']:.2f}" if s else "-")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_report(summary: dict, plots: list[str]) -> str:
+    cfg, mach = summary["config"], summary["machine"]
+    lines = [
+        f"## {cfg['prompts']}: {summary['prompt_set']['num_prompts']} prompts, {cfg['runs']} run(s), "
+        f"{cfg['dtype']}, greedy, max {cfg['max_new_tokens']} new tokens",
+        "",
+        f"Command: `{cfg['command']}`" if cfg.get("command") else "",
+        "",
+        f"Machine: {mach['cpu']} ({mach['cpu_capability']}), {mach['threads']} torch threads, torch {mach['torch']}, "
+        f"Python {mach['python']}; finished {summary['finished']}. Target: {cfg['target'] or 'SmolLM2-135M-Instruct'}.",
+        "",
+        "tokens/s = Σ new tokens / Σ wall seconds; speedup = the method's tokens/s over plain decoding's on "
+        "the same prompts in the same run (mean over runs); mean accepted tokens = new tokens per target "
+        "forward, bonus included (1.00 for plain decoding); matches ar = share of outputs token-identical "
+        "to plain decoding.",
+        "",
+        *_table(summary),
+        "",
+        "Speedup / mean accepted tokens by category:",
+        "",
+        *_category_table(summary),
+        "",
+    ]
+    lines += [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, summary: dict, rows: list[dict]) -> Path:
+    plots = ["speedup_by_category.png", "acceptance_by_position.png"]
+    plot_speedup_by_category(summary, out / plots[0])
+    plot_acceptance_by_position(summary, out / plots[1])
+    if plot_speedup_vs_draft_length(summary, out / "speedup_vs_draft_length.png"):
+        plots.append("speedup_vs_draft_length.png")
+    path = out / "report.md"
+    path.write_text(render_report(summary, plots))
+    return path

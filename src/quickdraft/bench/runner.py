@@ -1,0 +1,121 @@
+"""Run methods x prompts x runs on one machine in one process and write results.jsonl / results.json.
+
+Fairness: one loaded target shared by every method, one dtype and one thread count for all, a
+warm-up generation per method, and the methods interleaved prompt by prompt so that machine drift
+hits all of them alike. Plain decoding ("ar") is always measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from quickdraft.bench.datasets import load_prompts
+from quickdraft.bench.methods import MethodSpec, build_method, parse_methods
+from quickdraft.bench.metrics import summarize
+from quickdraft.engine import Engine, EngineConfig
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.loading import LoadedModel, load_model
+
+QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories
+
+
+@dataclass
+class BenchConfig:
+    """Everything one benchmark run depends on (recorded in results.json)."""
+
+    methods: str = "ar,sd:drafter=ngram"
+    prompts: str = "spec_bench"
+    categories: list[str] | None = None
+    limit: int | None = None
+    max_new_tokens: int = 128
+    runs: int = 3
+    target: str | None = None
+    dtype: str = "bfloat16"
+    threads: int | None = None
+    out: str = "bench-out"
+    command: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _methods_with_ar(text: str) -> list[MethodSpec]:
+    specs = parse_methods(text)
+    if not any(s.text == "ar" for s in specs):
+        specs.insert(0, MethodSpec("ar"))
+    if len({s.text for s in specs}) != len(specs):
+        raise QuickdraftError("a method is listed twice")
+    return specs
+
+
+def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: bool = True) -> dict:
+    """Run the benchmark; returns the summary written to OUT/results.json."""
+    if config.runs < 1 or config.max_new_tokens < 1:
+        raise QuickdraftError("--runs and --max-new-tokens must be >= 1")
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    specs = _methods_with_ar(config.methods)
+    records = load_prompts(config.prompts, config.categories, config.limit)
+    target = target or load_model(config.target, config.dtype)
+    methods = {s.text: build_method(s, target, config.dtype) for s in specs}
+    encoder = Engine(target, EngineConfig(method="ar"))
+    prompt_ids = {r.question_id: encoder.encode(r.prompt) for r in records}
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for m in methods.values():  # warm-up, not recorded
+        m.run(prompt_ids[records[0].question_id], min(8, config.max_new_tokens))
+
+    rows: list[dict] = []
+    reference: dict[str, list[int]] = {}
+    total = len(records) * config.runs * len(methods)
+    with open(out / "results.jsonl", "w") as fh, tqdm(total=total, disable=not progress, desc="bench") as bar:
+        for run in range(config.runs):
+            for rec in records:
+                ids = prompt_ids[rec.question_id]
+                for text, method in methods.items():
+                    res = method.run(ids, config.max_new_tokens)
+                    if text == "ar":
+                        reference.setdefault(rec.question_id, res.token_ids)
+                    row = {"question_id": rec.question_id, "category": rec.category, "method": text, "run": run,
+                           "new_tokens": len(res.token_ids), **asdict(res),
+                           "match_ar": res.token_ids == reference[rec.question_id]}
+                    if text == "ar" and run == 0:
+                        row["prompt_ids"] = ids
+                    rows.append(row)
+                    fh.write(json.dumps(row) + "\n")
+                    bar.set_postfix_str(f"{text[:24]} {row['new_tokens'] / max(res.wall_s, 1e-9):.1f} tok/s")
+                    bar.update()
+    summary = summarize(rows)
+    summary["config"] = asdict(config)
+    summary["machine"] = machine_info()
+    summary["prompt_set"] = {"source": config.prompts, "num_prompts": len(records),
+                             "categories": sorted({r.category for r in records})}
+    summary["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    from quickdraft.bench.report import write_report
+
+    write_report(out, summary, rows)
+    silent = [m for m, s in summary["methods"].items() if methods[m].speculative and m.startswith("sd")
+              and s["num_draft_tokens"] == 0]
+    if silent:
+        raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
+    return summary

@@ -1,0 +1,115 @@
+"""Benchmark harness: metric functions on synthetic rows, method parsing, the runner end to end on a
+tiny model (with the hf-assisted peer), the compare diagnosis and the prompt sets."""
+
+import json
+
+import pytest
+
+from quickdraft import QuickdraftError
+from quickdraft.bench.compare import find_mismatches
+from quickdraft.bench.datasets import load_prompts
+from quickdraft.bench.methods import parse_methods
+from quickdraft.bench.metrics import group_metrics, summarize
+from quickdraft.bench.runner import BenchConfig, run_bench
+
+
+def row(method, qid, run, tokens, wall, forwards, cat="a", drafted=0, accepted=0, drafts=0, match=True, pos=None):
+    return {"method": method, "question_id": qid, "run": run, "category": cat, "new_tokens": tokens,
+            "wall_s": wall, "target_forwards": forwards, "num_draft_tokens": drafted, "num_accepted": accepted,
+            "num_drafts": drafts, "match_ar": match, "drafted_per_position": pos[0] if pos else [],
+            "accepted_per_position": pos[1] if pos else []}
+
+
+def test_metrics_on_synthetic_rows():
+    rows = [
+        row("ar", "1", 0, 10, 1.0, 10), row("ar", "2", 0, 30, 3.0, 30, cat="b"),
+        row("sd", "1", 0, 10, 0.5, 4, drafted=12, accepted=6, drafts=3, pos=([3, 3, 3, 3], [3, 2, 1, 0])),
+        row("sd", "2", 0, 30, 1.0, 10, cat="b", drafted=36, accepted=21, drafts=9, match=False),
+    ]
+    s = summarize(rows)["methods"]
+    assert s["ar"]["tokens_per_s"] == pytest.approx(10.0)
+    assert s["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
+    sd = s["sd"]
+    assert sd["tokens_per_s"] == pytest.approx(40 / 1.5)
+    assert sd["speedup_vs_ar"] == pytest.approx((40 / 1.5) / 10.0)
+    assert sd["mean_accepted_tokens"] == pytest.approx(40 / 14)
+    assert sd["draft_acceptance_rate"] == pytest.approx(27 / 48)
+    assert sd["mean_acceptance_length"] == pytest.approx(1 + 27 / 12)
+    assert sd["lossless_match_rate"] == pytest.approx(0.5)
+    assert sd["acceptance_rate_per_position"] == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0])
+    assert sd["categories"]["a"]["speedup_vs_ar"] == pytest.approx(2.0)
+    assert sd["categories"]["b"]["speedup_vs_ar"] == pytest.approx(3.0)
+
+
+def test_run_spread_is_reported():
+    rows = [row("ar", "1", r, 10, 1.0, 10) for r in range(2)]
+    rows += [row("sd", "1", 0, 10, 0.5, 5), row("sd", "1", 1, 10, 1.0, 5)]
+    m = group_metrics([r for r in rows if r["method"] == "sd"], [r for r in rows if r["method"] == "ar"])
+    assert m["speedup_vs_ar"] == pytest.approx(1.5) and m["speedup_vs_ar_std"] > 0
+
+
+def test_parse_methods():
+    specs = parse_methods("ar,sd:drafter=model:/x/y,draft_length=3,hf-assisted:drafter=ngram,sd")
+    assert [s.text for s in specs] == ["ar", "sd:drafter=model:/x/y,draft_length=3", "hf-assisted:drafter=ngram",
+                                       "sd"]
+    for bad, msg in [("pearl", "unknown method"), ("sd:gamma=3", "no option"), ("sd:drafter", "key=value"),
+                     ("", "no methods")]:
+        with pytest.raises(QuickdraftError, match=msg):
+            parse_methods(bad)
+
+
+def test_prompt_sets():
+    spec = load_prompts("spec_bench")
+    assert len(spec) == 480 and len({r.category for r in spec}) == 13
+    quick = load_prompts("spec_bench", limit=1)
+    assert len(quick) == 13
+    assert len(load_prompts("humaneval")) == 164
+    with pytest.raises(QuickdraftError, match="unknown categories"):
+        load_prompts("spec_bench", categories=["nope"])
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in
+            enumerate([("x", "abc abc abc"), ("x", "hello"), ("y", "the cat the cat")])]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
+def test_runner_end_to_end_with_peer(tiny_model_dir, prompt_file, tmp_path):
+    out = tmp_path / "out"
+    methods = (f"ar,sd:drafter=ngram,sd:drafter=model:{tiny_model_dir},draft_length=2,"
+               f"sd:drafter=model:{tiny_model_dir},draft_length=3,hf-assisted:drafter=ngram,"
+               f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3")
+    cfg = BenchConfig(methods=methods, prompts=prompt_file, max_new_tokens=16, runs=2, target=tiny_model_dir,
+                      dtype="float32", out=str(out))
+    summary = run_bench(cfg, progress=False)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 2 * 6
+    assert set(json.loads((out / "results.json").read_text())["methods"]) == {r["method"] for r in rows}
+    for name in ("report.md", "speedup_by_category.png", "acceptance_by_position.png",
+                 "speedup_vs_draft_length.png"):
+        assert (out / name).is_file(), name
+    m = summary["methods"]
+    model_sd = f"sd:drafter=model:{tiny_model_dir},draft_length=3"
+    assert m[model_sd]["draft_acceptance_rate"] == 1.0  # the draft is the target itself
+    assert m[model_sd]["mean_accepted_tokens"] > 1.5
+    for name, s in m.items():
+        assert s["lossless_match_rate"] == 1.0, name  # float32 tiny model: exact
+        assert set(s["categories"]) == {"x", "y"}
+    peer = m[f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3"]
+    assert peer["mean_accepted_tokens"] > 1.5  # HF really speculated (fewer target forwards than tokens)
+    total, mismatches = find_mismatches(rows, "sd:drafter=ngram", None, "float32")
+    assert total == 6 and mismatches == []
+
+
+def test_compare_diagnoses_a_mismatch(tiny_model_dir):
+    from quickdraft.models.loading import load_model
+
+    target = load_model(tiny_model_dir, "float32").model
+    ar = {"method": "ar", "run": 0, "question_id": "1", "token_ids": [5, 6, 7], "prompt_ids": [4, 5]}
+    bad = {"method": "sd", "run": 0, "question_id": "1", "token_ids": [5, 9, 7]}
+    total, found = find_mismatches([ar, bad], "sd", target, "float32")
+    assert total == 1 and found[0].position == 1 and found[0].method_token == 9
+    assert found[0].margin >= 0

@@ -1,0 +1,35 @@
+"""One short check on the real embedded default (SmolLM2-135M-Instruct), converted on first use."""
+
+import pytest
+
+from quickdraft import Engine, EngineConfig
+from quickdraft.drafters import make_drafter
+from quickdraft.models.loading import load_model
+
+pytestmark = pytest.mark.real_model
+
+PROMPT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def smollm_fp32():
+    return load_model(None, "float32")
+
+
+def test_default_model_loads_with_its_tokenizer_and_chat_template(smollm_fp32):
+    assert smollm_fp32.vocab_size == 49152
+    assert smollm_fp32.eos_token_ids == (2,)
+    assert smollm_fp32.tokenizer.chat_template
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "truncated:4"])
+def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
+    ar = Engine(smollm_fp32, EngineConfig(method="ar"))
+    sd = Engine(smollm_fp32, EngineConfig(method="sd"), drafter=make_drafter(drafter, smollm_fp32, "float32"))
+    want = ar.generate(PROMPT, max_new_tokens=40)
+    got = sd.generate(PROMPT, max_new_tokens=40)
+    assert got.token_ids == want.token_ids
+    assert "quick brown fox" in got.text
+    assert got.stats.num_draft_tokens > 0
+    if drafter == "ngram":
+        assert got.stats.mean_acceptance_length > 1.5  # the repeat is found and accepted
