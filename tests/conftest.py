@@ -27,15 +27,30 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(
-    vocab: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0, dtype: torch.dtype = torch.float32,
-    init: float = 0.3, tokenizer: object | None = None, eos: int | None = None,
+    vocab: int = 64,
+    layers: int = 2,
+    hidden: int = 32,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    init: float = 0.3,
+    tokenizer: object | None = None,
+    eos: int | None = None,
 ) -> LoadedModel:
     """A random Llama with peaky logits (large init) so greedy paths repeat and drafts get accepted."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        initializer_range=init, tie_word_embeddings=False, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=init,
+        tie_word_embeddings=False,
+        eos_token_id=eos,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(config).to(dtype).eval()
     model.generation_config.eos_token_id = eos
@@ -97,7 +112,7 @@ class MarkovModel:
 
 def random_transition(vocab: int, seed: int, concentration: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    t = -torch.log(torch.rand(vocab, vocab, generator=g, dtype=torch.float64)) ** (1 / concentration)
+    t = -(torch.log(torch.rand(vocab, vocab, generator=g, dtype=torch.float64)) ** (1 / concentration))
     return t / t.sum(-1, keepdim=True)
 
 

@@ -54,22 +54,29 @@ def _one_row(draft_tokens, q_probs, p_probs, generator, accept_fn, next_fn) -> V
 
 
 def always_accept(draft_tokens, q_probs, p_probs, generator) -> Verdict:
-    return _one_row(draft_tokens, q_probs, p_probs, generator,
-                    lambda b, i, d, q, p, g: True,
-                    lambda b, n, d, q, p, g: int(sample(p[b, n], g)))
+    return _one_row(
+        draft_tokens,
+        q_probs,
+        p_probs,
+        generator,
+        lambda b, i, d, q, p, g: True,
+        lambda b, n, d, q, p, g: int(sample(p[b, n], g)),
+    )
 
 
 def resample_from_target(draft_tokens, q_probs, p_probs, generator) -> Verdict:
     """Correct acceptance but the correction token comes from p instead of the residual."""
+
     def accept(b, i, d, q, p, g):
         qd = 1.0 if q is None else float(q[b, i, d[b, i]])
         return float(torch.rand((), generator=g, dtype=torch.float64)) < float(p[b, i, d[b, i]]) / qd
-    return _one_row(draft_tokens, q_probs, p_probs, generator, accept,
-                    lambda b, n, d, q, p, g: int(sample(p[b, n], g)))
+
+    return _one_row(draft_tokens, q_probs, p_probs, generator, accept, lambda b, n, d, q, p, g: int(sample(p[b, n], g)))
 
 
 def residual_without_clamp(draft_tokens, q_probs, p_probs, generator) -> Verdict:
     """Correct acceptance but the residual uses |p - q| instead of max(0, p - q)."""
+
     def accept(b, i, d, q, p, g):
         qd = 1.0 if q is None else float(q[b, i, d[b, i]])
         return float(torch.rand((), generator=g, dtype=torch.float64)) < float(p[b, i, d[b, i]]) / qd
@@ -84,6 +91,7 @@ def residual_without_clamp(draft_tokens, q_probs, p_probs, generator) -> Verdict
             qrow = q[b, n]
         r = (p[b, n] - qrow).abs()
         return int(sample(r / r.sum(), g))
+
     return _one_row(draft_tokens, q_probs, p_probs, generator, accept, nxt)
 
 

@@ -14,15 +14,27 @@ from quickdraft.bench.runner import BenchConfig, run_bench
 
 
 def row(method, qid, run, tokens, wall, forwards, cat="a", drafted=0, accepted=0, drafts=0, match=True, pos=None):
-    return {"method": method, "question_id": qid, "run": run, "category": cat, "new_tokens": tokens,
-            "wall_s": wall, "target_forwards": forwards, "num_draft_tokens": drafted, "num_accepted": accepted,
-            "num_drafts": drafts, "match_ar": match, "drafted_per_position": pos[0] if pos else [],
-            "accepted_per_position": pos[1] if pos else []}
+    return {
+        "method": method,
+        "question_id": qid,
+        "run": run,
+        "category": cat,
+        "new_tokens": tokens,
+        "wall_s": wall,
+        "target_forwards": forwards,
+        "num_draft_tokens": drafted,
+        "num_accepted": accepted,
+        "num_drafts": drafts,
+        "match_ar": match,
+        "drafted_per_position": pos[0] if pos else [],
+        "accepted_per_position": pos[1] if pos else [],
+    }
 
 
 def test_metrics_on_synthetic_rows():
     rows = [
-        row("ar", "1", 0, 10, 1.0, 10), row("ar", "2", 0, 30, 3.0, 30, cat="b"),
+        row("ar", "1", 0, 10, 1.0, 10),
+        row("ar", "2", 0, 30, 3.0, 30, cat="b"),
         row("sd", "1", 0, 10, 0.5, 4, drafted=12, accepted=6, drafts=3, pos=([3, 3, 3, 3], [3, 2, 1, 0])),
         row("sd", "2", 0, 30, 1.0, 10, cat="b", drafted=36, accepted=21, drafts=9, match=False),
     ]
@@ -50,10 +62,13 @@ def test_run_spread_is_reported():
 
 def test_parse_methods():
     specs = parse_methods("ar,sd:drafter=model:/x/y,draft_length=3,hf-assisted:drafter=ngram,sd")
-    assert [s.text for s in specs] == ["ar", "sd:drafter=model:/x/y,draft_length=3", "hf-assisted:drafter=ngram",
-                                       "sd"]
-    for bad, msg in [("pearl", "unknown method"), ("sd:gamma=3", "no option"), ("sd:drafter", "key=value"),
-                     ("", "no methods")]:
+    assert [s.text for s in specs] == ["ar", "sd:drafter=model:/x/y,draft_length=3", "hf-assisted:drafter=ngram", "sd"]
+    for bad, msg in [
+        ("pearl", "unknown method"),
+        ("sd:gamma=3", "no option"),
+        ("sd:drafter", "key=value"),
+        ("", "no methods"),
+    ]:
         with pytest.raises(QuickdraftError, match=msg):
             parse_methods(bad)
 
@@ -71,25 +86,35 @@ def test_prompt_sets():
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "q.jsonl"
-    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in
-            enumerate([("x", "abc abc abc"), ("x", "hello"), ("y", "the cat the cat")])]
+    rows = [
+        {"question_id": i, "category": c, "turns": [t]}
+        for i, (c, t) in enumerate([("x", "abc abc abc"), ("x", "hello"), ("y", "the cat the cat")])
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return str(path)
 
 
 def test_runner_end_to_end_with_peer(tiny_model_dir, prompt_file, tmp_path):
     out = tmp_path / "out"
-    methods = (f"ar,sd:drafter=ngram,sd:drafter=model:{tiny_model_dir},draft_length=2,"
-               f"sd:drafter=model:{tiny_model_dir},draft_length=3,hf-assisted:drafter=ngram,"
-               f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3")
-    cfg = BenchConfig(methods=methods, prompts=prompt_file, max_new_tokens=16, runs=2, target=tiny_model_dir,
-                      dtype="float32", out=str(out))
+    methods = (
+        f"ar,sd:drafter=ngram,sd:drafter=model:{tiny_model_dir},draft_length=2,"
+        f"sd:drafter=model:{tiny_model_dir},draft_length=3,hf-assisted:drafter=ngram,"
+        f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3"
+    )
+    cfg = BenchConfig(
+        methods=methods,
+        prompts=prompt_file,
+        max_new_tokens=16,
+        runs=2,
+        target=tiny_model_dir,
+        dtype="float32",
+        out=str(out),
+    )
     summary = run_bench(cfg, progress=False)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * 2 * 6
     assert set(json.loads((out / "results.json").read_text())["methods"]) == {r["method"] for r in rows}
-    for name in ("report.md", "speedup_by_category.png", "acceptance_by_position.png",
-                 "speedup_vs_draft_length.png"):
+    for name in ("report.md", "speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_draft_length.png"):
         assert (out / name).is_file(), name
     m = summary["methods"]
     model_sd = f"sd:drafter=model:{tiny_model_dir},draft_length=3"

@@ -6,9 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quickdraft.models.cached_model import CachedModel
+
 from conftest import tiny_llama
 from oracles import naive_forward_logits
-from quickdraft.models.cached_model import CachedModel
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -22,15 +23,16 @@ def test_extend_rollback_extend_matches_fresh_forward(dtype):
     cm.extend(b)
     cm.rollback(len(a))
     got = cm.extend(c)
-    want = naive_forward_logits(m, a + c)[-len(c):]
+    want = naive_forward_logits(m, a + c)[-len(c) :]
     assert cm.length == len(a + c)
     assert torch.allclose(got, want, atol=TOL[dtype], rtol=0)
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    ops=st.lists(st.tuples(st.lists(st.integers(0, 63), min_size=1, max_size=6), st.integers(0, 6)), min_size=1,
-                 max_size=6)
+    ops=st.lists(
+        st.tuples(st.lists(st.integers(0, 63), min_size=1, max_size=6), st.integers(0, 6)), min_size=1, max_size=6
+    )
 )
 def test_random_extend_rollback_sequences(ops):
     m = tiny_llama(dtype=torch.float64).model
@@ -39,7 +41,7 @@ def test_random_extend_rollback_sequences(ops):
     for tokens, drop in ops:
         logits = cm.extend(tokens)
         committed += tokens
-        assert torch.allclose(logits, naive_forward_logits(m, committed)[-len(tokens):], atol=1e-10, rtol=0)
+        assert torch.allclose(logits, naive_forward_logits(m, committed)[-len(tokens) :], atol=1e-10, rtol=0)
         keep = max(0, len(committed) - drop)
         cm.rollback(keep)
         committed = committed[:keep]

@@ -11,8 +11,17 @@ from quickdraft.cli import main
 from quickdraft.models.loading import load_model
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["prepare", "--help"], ["bench", "--help"],
-                                  ["bench", "compare", "--help"], ["bench", "doc", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["generate", "--help"],
+        ["prepare", "--help"],
+        ["bench", "--help"],
+        ["bench", "compare", "--help"],
+        ["bench", "doc", "--help"],
+    ],
+)
 def test_help_exits_zero(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -58,8 +67,9 @@ def test_bad_input_is_one_line_exit_2(tiny_model_dir, capsys, extra, message):
 
 
 def test_bad_target_path_in_a_subprocess_has_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "quickdraft.cli", "generate", "hi", "--target", "/nope"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "quickdraft.cli", "generate", "hi", "--target", "/nope"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "quickdraft: error: model folder not found: /nope"
 

@@ -4,8 +4,6 @@ everything, exact EOS / budget / stop handling, seeds, cache invariants (testing
 import pytest
 import torch
 
-from conftest import noisy_copy, tiny_llama
-from oracles import naive_forward_logits, naive_greedy
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
@@ -13,18 +11,25 @@ from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.verifiers import make_verifier
 
+from conftest import noisy_copy, tiny_llama
+from oracles import naive_forward_logits, naive_greedy
+
 PROMPTS = [[1, 2, 3], [7, 7, 7, 7], [5, 9, 13, 2, 40, 41, 5, 9], [60], [33, 12, 33, 12, 33]]
 
 
-def run(decoder, prompt, max_new_tokens=40, sampling=SamplingConfig(), eos=(), seed=0):
+GREEDY = SamplingConfig()
+
+
+def run(decoder, prompt, max_new_tokens=40, sampling=GREEDY, eos=(), seed=0):
     stop = StopConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos))
     return collect(decoder.rounds(prompt, sampling, max_new_tokens, Generators.from_seed(seed)), stop)
 
 
-def sd(target, drafter, sampling=SamplingConfig(), k=4, schedule="fixed"):
+def sd(target, drafter, sampling=GREEDY, k=4, schedule="fixed"):
     cfg = DraftConfig(num_draft_tokens=k, schedule=schedule, confidence_threshold=0.3)
-    return SpeculativeDecoder(CachedModel(target.model), drafter, make_verifier(None, sampling),
-                              lambda: make_draft_policy(cfg))
+    return SpeculativeDecoder(
+        CachedModel(target.model), drafter, make_verifier(None, sampling), lambda: make_draft_policy(cfg)
+    )
 
 
 def drafters_for(target, name):
@@ -91,7 +96,7 @@ def test_greedy_sd_equals_plain_greedy_float32_with_near_tie_hatch():
         want, got = run(plain, prompt, 48).token_ids, run(spec, prompt, 48)
         assert got.stats.num_draft_tokens > 0
         if got.token_ids != want:
-            pos = next(i for i, (a, b) in enumerate(zip(want, got.token_ids)) if a != b)
+            pos = next(i for i, (a, b) in enumerate(zip(want, got.token_ids, strict=False)) if a != b)
             margin, top5 = _top2_margin(naive_forward_logits(target.model, prompt + want[:pos])[-1])
             assert margin < 1e-4 and got.token_ids[pos] in top5, f"real divergence at {pos} for {prompt}"
             hatches += 1
@@ -161,12 +166,13 @@ def test_caches_hold_committed_prefix_after_every_round():
     target = tiny_llama(dtype=torch.float64)
     cached = CachedModel(target.model)
     drafter = ModelDrafter(CachedModel(noisy_copy(target, 0.3).model))
-    spec = SpeculativeDecoder(cached, drafter, make_verifier(None, SamplingConfig()),
-                              lambda: make_draft_policy(DraftConfig(4)))
+    spec = SpeculativeDecoder(
+        cached, drafter, make_verifier(None, SamplingConfig()), lambda: make_draft_policy(DraftConfig(4))
+    )
     prompt = [3, 1, 4]
     committed = list(prompt)
     rounds = spec.rounds(prompt, SamplingConfig(), 40, Generators.from_seed(0))
-    for _, rnd in zip(range(12), rounds):
+    for _, rnd in zip(range(12), rounds, strict=False):
         before = list(committed)
         committed += rnd.tokens
         assert cached.tokens == committed[:-1]
@@ -185,7 +191,7 @@ def _assert_cache_equals_fresh_prefill(cached, model, tokens):
         return
     fresh = CachedModel(model)
     fresh.extend(tokens)
-    for layer, ref in zip(cached.cache.layers, fresh.cache.layers):
+    for layer, ref in zip(cached.cache.layers, fresh.cache.layers, strict=True):
         assert torch.allclose(layer.keys, ref.keys, atol=1e-10)
         assert torch.allclose(layer.values, ref.values, atol=1e-10)
 

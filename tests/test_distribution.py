@@ -9,14 +9,15 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import MarkovModel, random_transition
-from oracles import always_accept, bonus_from_wrong_position, resample_from_target
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.sampling import logits_to_probs
 from quickdraft.verifiers.speculative import SpeculativeSampling
+
+from conftest import MarkovModel, random_transition
+from oracles import always_accept, bonus_from_wrong_position, resample_from_target
 
 V = 6
 
@@ -88,8 +89,13 @@ def test_speculative_loop_has_target_law(k, sampling):
 @pytest.mark.slow
 def test_prompt_lookup_loop_has_target_law():
     p, q = _chains(7)
-    samples = _sample_many(_decoder(p, q, 3, SpeculativeSampling(), drafter="ngram"), [0, 1, 2, 0, 1], 5,
-                           SamplingConfig(temperature=1.0), N)
+    samples = _sample_many(
+        _decoder(p, q, 3, SpeculativeSampling(), drafter="ngram"),
+        [0, 1, 2, 0, 1],
+        5,
+        SamplingConfig(temperature=1.0),
+        N,
+    )
     assert min(_pair_pvalues(samples, 1, p, 5)) > 1e-4 / 5
 
 

@@ -5,17 +5,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import noisy_copy, tiny_llama
-from oracles import naive_forward_logits, naive_prompt_lookup
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter, prompt_lookup
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
 
+from conftest import noisy_copy, tiny_llama
+from oracles import naive_forward_logits, naive_prompt_lookup
+
 
 @settings(max_examples=300, deadline=None)
-@given(ctx=st.lists(st.integers(0, 4), min_size=1, max_size=40), k=st.integers(1, 6),
-       max_ngram=st.integers(1, 4))
+@given(ctx=st.lists(st.integers(0, 4), min_size=1, max_size=40), k=st.integers(1, 6), max_ngram=st.integers(1, 4))
 def test_prompt_lookup_matches_naive_twin(ctx, k, max_ngram):
     assert prompt_lookup(ctx, k, max_ngram, 1) == naive_prompt_lookup(ctx, k, max_ngram, 1)
 

@@ -3,17 +3,19 @@
 import pytest
 import torch
 
-from conftest import char_tokenizer, noisy_copy, tiny_llama, tiny_text_model
 from quickdraft import Engine, EngineConfig, QuickdraftError
 from quickdraft.drafters import ModelDrafter, make_drafter
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import check_vocab
 
+from conftest import char_tokenizer, noisy_copy, tiny_llama, tiny_text_model
+
 
 def engines(target, drafter=None):
     ar = Engine(target, EngineConfig(method="ar"))
-    sd = Engine(target, EngineConfig(method="sd"),
-                drafter=drafter or ModelDrafter(CachedModel(noisy_copy(target, 0.2).model)))
+    sd = Engine(
+        target, EngineConfig(method="sd"), drafter=drafter or ModelDrafter(CachedModel(noisy_copy(target, 0.2).model))
+    )
     return ar, sd
 
 
@@ -94,8 +96,7 @@ def test_padded_vocab_tail_is_accepted():
     target = tiny_text_model()
     padded = tiny_llama(vocab=target.vocab_size + 6, tokenizer=target.tokenizer)
     assert check_vocab(target, padded) == target.vocab_size
-    sd = Engine(target, EngineConfig(method="sd"), drafter=ModelDrafter(CachedModel(padded.model,
-                                                                                    target.vocab_size)))
+    sd = Engine(target, EngineConfig(method="sd"), drafter=ModelDrafter(CachedModel(padded.model, target.vocab_size)))
     assert sd.generate("abc", max_new_tokens=8).stats.num_draft_tokens > 0
 
 

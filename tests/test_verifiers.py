@@ -4,10 +4,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from oracles import always_accept, bonus_from_wrong_position, resample_from_target, residual_without_clamp
 from quickdraft.config import SamplingConfig
 from quickdraft.sampling import logits_to_probs
 from quickdraft.verifiers import greedy_verify, make_verifier, speculative_verify
+
+from oracles import always_accept, bonus_from_wrong_position, resample_from_target, residual_without_clamp
 
 V = 8
 

@@ -52,6 +52,38 @@ def _build_parser() -> argparse.ArgumentParser:
     from quickdraft.bench.cli import add_bench_parser
 
     add_bench_parser(sub, _add_model_flags)
+
+    # serve: unset flags stay absent so a YAML config can fill them (explicit flags win)
+    srv = sub.add_parser(
+        "serve", help="OpenAI-compatible server (127.0.0.1 by default)", argument_default=argparse.SUPPRESS
+    )
+    srv.add_argument("--config", help="YAML file with any of the settings below")
+    srv.add_argument("--host", help="bind address (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, help="default 8000")
+    srv.add_argument("--model-name", dest="model_name", help="the model id clients send (default: the target's name)")
+    srv.add_argument(
+        "--max-queue", dest="max_queue", type=int, help="requests allowed to wait (default 8); more get 429"
+    )
+    srv.add_argument("--default-max-tokens", dest="default_max_tokens", type=int, help="default 256")
+    srv.add_argument("--target", help="local HF model folder (default: the embedded model)")
+    srv.add_argument("--dtype", choices=DTYPES)
+    srv.add_argument("--threads", type=int)
+    srv.add_argument("--method", choices=("ar", "sd"))
+    srv.add_argument("--drafter", help="ngram[:N] | model:PATH | truncated:LAYERS")
+    srv.add_argument("--draft-length", dest="draft_length", type=int)
+    srv.add_argument("--draft-schedule", dest="draft_schedule", choices=("fixed", "heuristic", "confidence"))
+    srv.add_argument("--confidence-threshold", dest="confidence_threshold", type=float)
+    srv.set_defaults(func=_cmd_serve)
+
+    exp = sub.add_parser("export", help="write the equivalent config of another engine")
+    exp.add_argument("--to", required=True, choices=("vllm",))
+    exp.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS")
+    exp.add_argument("--draft-length", type=int, default=4)
+    exp.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    exp.add_argument("--draft-out", default=None, help="where to save a truncated draft as an HF folder")
+    exp.add_argument("--format", default="json", choices=("json", "yaml"))
+    exp.add_argument("--output", default=None, help="file to write (default: stdout)")
+    exp.set_defaults(func=_cmd_export)
     return parser
 
 
@@ -80,13 +112,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     # validate every flag before the (slow) model load
     SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
-    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold,
-                        max(16, args.draft_length))
+    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold, max(16, args.draft_length))
     config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft)
     engine = Engine.load(args.target, config, args.dtype, args.threads)
     result = engine.generate(
-        args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, stop=args.stop, raw=args.raw,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        raw=args.raw,
     )
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -102,6 +139,52 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from quickdraft.models.default import ensure_default_model
 
     print(ensure_default_model())
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from quickdraft.server import ServeConfig, engine_loader, load_config_file, serve
+
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    settings = load_config_file(args.config) if getattr(args, "config", None) else {}
+    cfg = ServeConfig(**{**settings, **given})
+    engine_loader(cfg)  # validate method/drafter names before binding the port
+    serve(cfg)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from quickdraft.export import vllm_speculative_config
+    from quickdraft.models.default import default_model_dir, ensure_default_model
+
+    target_dir = args.target or str(default_model_dir())
+    if args.drafter.startswith("truncated:"):
+        from quickdraft.drafters import _int_arg
+        from quickdraft.models.loading import load_model, truncated_copy
+
+        if args.draft_out is None:
+            raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
+        target = load_model(args.target, "bfloat16")
+        draft = truncated_copy(target, _int_arg("truncated", args.drafter.partition(":")[2], None))
+        draft.model.save_pretrained(args.draft_out)
+        if draft.tokenizer is not None:
+            draft.tokenizer.save_pretrained(args.draft_out)
+    elif args.target is None:
+        ensure_default_model()
+    config = vllm_speculative_config(args.drafter, args.draft_length, args.draft_out)
+    if args.format == "yaml":
+        import yaml
+
+        text = yaml.safe_dump({"speculative_config": config}, sort_keys=False)
+    else:
+        text = json.dumps(config, indent=2) + "\n"
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    print(f"# vllm serve {target_dir} --speculative-config '{json.dumps(config)}'", file=sys.stderr)
     return 0
 
 

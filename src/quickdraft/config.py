@@ -86,9 +86,7 @@ class DraftConfig:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
             raise QuickdraftError(f"draft length must be an integer >= 1, got {self.num_draft_tokens!r}")
         if self.schedule not in ("fixed", "heuristic", "confidence"):
-            raise QuickdraftError(
-                f"unknown draft schedule {self.schedule!r}; choose fixed, heuristic or confidence"
-            )
+            raise QuickdraftError(f"unknown draft schedule {self.schedule!r}; choose fixed, heuristic or confidence")
         if not (0.0 < self.confidence_threshold < 1.0):
             raise QuickdraftError(f"confidence threshold must be in (0, 1), got {self.confidence_threshold}")
         if self.max_num_draft_tokens < self.num_draft_tokens:

@@ -6,14 +6,15 @@ method's decode loop by name and collects the result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
-from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
+from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder
 from quickdraft.decoding.adaptive import make_draft_policy
+from quickdraft.decoding.collect import Collector
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -42,8 +43,9 @@ class EngineConfig:
 class Engine:
     """A target model, optionally a drafter, and the decode loop chosen by `config.method`."""
 
-    def __init__(self, target: LoadedModel, config: EngineConfig, drafter: Drafter | None = None,
-                 dtype: str = "bfloat16") -> None:
+    def __init__(
+        self, target: LoadedModel, config: EngineConfig, drafter: Drafter | None = None, dtype: str = "bfloat16"
+    ) -> None:
         self.target_info = target
         self.config = config
         self.target = CachedModel(target.model, target.vocab_size)
@@ -53,8 +55,13 @@ class Engine:
             self.drafter = drafter or make_drafter(config.drafter, target, dtype)
 
     @classmethod
-    def load(cls, target: str | None = None, config: EngineConfig | None = None, dtype: str = "bfloat16",
-             threads: int | None = None) -> Engine:
+    def load(
+        cls,
+        target: str | None = None,
+        config: EngineConfig | None = None,
+        dtype: str = "bfloat16",
+        threads: int | None = None,
+    ) -> Engine:
         """Load `target` (a local HF folder, or None for the embedded default) and build the drafter."""
         if threads is not None:
             if threads < 1:
@@ -98,9 +105,12 @@ class Engine:
         verifier = make_verifier(self.config.verifier, sampling)
         return SpeculativeDecoder(self.target, self.drafter, verifier, lambda: make_draft_policy(self.config.draft))
 
-    def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
-        """Generate from token ids (validated against the context length)."""
-        limit = self.target.max_length
+    @property
+    def context_length(self) -> int:
+        return self.target.max_length
+
+    def _start(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig):
+        limit = self.context_length
         if len(prompt_ids) + stop.max_new_tokens > limit:
             raise QuickdraftError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({stop.max_new_tokens}) exceeds the "
@@ -108,7 +118,35 @@ class Engine:
             )
         decoder = self._decoder(sampling)
         rounds = decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed))
-        return collect(rounds, stop, self.detokenize if self.target_info.tokenizer else None, decoder.lossy)
+        detokenize = self.detokenize if self.target_info.tokenizer else None
+        return rounds, Collector(stop, detokenize, decoder.lossy)
+
+    def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
+        """Generate from token ids (validated against the context length)."""
+        rounds, collector = self._start(prompt_ids, sampling, stop)
+        try:
+            for rnd in rounds:
+                collector.feed(rnd)
+                if collector.done:
+                    break
+        finally:
+            rounds.close()
+        return collector.result()
+
+    def stream_ids(
+        self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig
+    ) -> Iterator[tuple[list[int], Collector]]:
+        """Yield (tokens added, collector) after every round, in order; stopping the iteration early
+        (close()) ends the generation within that round. `collector.result()` gives the totals."""
+        rounds, collector = self._start(prompt_ids, sampling, stop)
+        try:
+            for rnd in rounds:
+                kept = collector.feed(rnd)
+                yield kept, collector
+                if collector.done:
+                    break
+        finally:
+            rounds.close()
 
     def generate(
         self,

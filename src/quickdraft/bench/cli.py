@@ -8,19 +8,24 @@ import sys
 from pathlib import Path
 
 QUICK = {"limit": 1, "max_new_tokens": 64, "runs": 2}
+DEFAULTS = {"limit": None, "max_new_tokens": 128, "runs": 3}
 
 
 def add_bench_parser(sub, add_model_flags) -> None:
     bench = sub.add_parser("bench", help="benchmark methods against plain decoding (Spec-Bench style)")
-    bench.add_argument("--methods", default="ar,sd:drafter=ngram",
-                       help="comma-separated NAME[:key=value,...]; names: ar, sd, hf-assisted")
+    bench.add_argument(
+        "--methods",
+        default="ar,sd:drafter=ngram",
+        help="comma-separated NAME[:key=value,...]; names: ar, sd, hf-assisted",
+    )
     bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
-    bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--runs", type=int, default=3)
-    bench.add_argument("--quick", action="store_true",
-                       help="preset: 1 prompt per category, 64 new tokens, 2 runs (explicit flags win)")
+    bench.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    bench.add_argument("--runs", type=int, default=None, help="repeats (default 3)")
+    bench.add_argument(
+        "--quick", action="store_true", help="preset: 1 prompt per category, 64 new tokens, 2 runs (explicit flags win)"
+    )
     bench.add_argument("--out", default="bench-out", help="output folder")
     add_model_flags(bench)
     bench.set_defaults(func=_cmd_bench)
@@ -38,22 +43,24 @@ def add_bench_parser(sub, add_model_flags) -> None:
     doc.set_defaults(func=_cmd_doc)
 
 
-def _explicit(flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in sys.argv)
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.runner import BenchConfig, run_bench
 
-    if args.quick:
-        for key, value in QUICK.items():
-            if not _explicit("--" + key.replace("_", "-")):
-                setattr(args, key, value)
+    for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win
+        if getattr(args, key) is None:
+            setattr(args, key, value if args.quick else DEFAULTS.get(key))
     config = BenchConfig(
-        methods=args.methods, prompts=args.prompts,
-        categories=args.categories.split(",") if args.categories else None, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, runs=args.runs, target=args.target, dtype=args.dtype,
-        threads=args.threads, out=args.out, command="quickdraft " + shlex.join(sys.argv[1:]),
+        methods=args.methods,
+        prompts=args.prompts,
+        categories=args.categories.split(",") if args.categories else None,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        runs=args.runs,
+        target=args.target,
+        dtype=args.dtype,
+        threads=args.threads,
+        out=args.out,
+        command="quickdraft " + shlex.join(sys.argv[1:]),
     )
     summary = run_bench(config)
     print((Path(args.out) / "report.md").read_text())
@@ -76,11 +83,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print(f"{m.question_id} run {m.run}: one output is a prefix of the other at token {m.position}")
             continue
         verdict = "near-tie (numerics)" if m.near_tie else "REAL DIVERGENCE"
-        print(f"{m.question_id} run {m.run}: first difference at token {m.position}: ar {show(m.ar_token)} vs "
-              f"{show(m.method_token)}; top-2 margin {m.margin:.4g} ({cfg['dtype']}) -> {verdict}")
+        print(
+            f"{m.question_id} run {m.run}: first difference at token {m.position}: ar {show(m.ar_token)} vs "
+            f"{show(m.method_token)}; top-2 margin {m.margin:.4g} ({cfg['dtype']}) -> {verdict}"
+        )
     real = sum(not m.near_tie for m in mismatches)
-    print(f"{args.method}: {total - len(mismatches)}/{total} outputs identical to plain decoding; "
-          f"{len(mismatches) - real} near-tie divergences, {real} unexplained")
+    print(
+        f"{args.method}: {total - len(mismatches)}/{total} outputs identical to plain decoding; "
+        f"{len(mismatches) - real} near-tie divergences, {real} unexplained"
+    )
     return 1 if real else 0
 
 

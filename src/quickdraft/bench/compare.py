@@ -51,7 +51,7 @@ def find_mismatches(rows: list[dict], method: str, target, dtype: str) -> tuple[
         a, b = ref["token_ids"], r["token_ids"]
         if a == b:
             continue
-        pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         if pos >= min(len(a), len(b)):  # one output is a prefix of the other (an EOS/budget difference)
             found.append(Mismatch(r["question_id"], r["run"], pos, -1, -1, float("nan"), [], False))
             continue

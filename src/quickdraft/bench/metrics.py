@@ -55,7 +55,7 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "num_accepted_draft_tokens": int(accepted),
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
-        "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos)],
+        "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos, strict=True)],
         "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
     }
 
@@ -71,8 +71,9 @@ def summarize(rows: list[dict], ar_method: str = "ar") -> dict:
         entry = group_metrics(mrows, ar_rows)
         cats: dict[str, dict] = {}
         for cat in sorted({r["category"] for r in mrows}):
-            cats[cat] = group_metrics([r for r in mrows if r["category"] == cat],
-                                      [r for r in ar_rows if r["category"] == cat])
+            cats[cat] = group_metrics(
+                [r for r in mrows if r["category"] == cat], [r for r in ar_rows if r["category"] == cat]
+            )
         entry["categories"] = cats
         out["methods"][method] = entry
     return out

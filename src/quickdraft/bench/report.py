@@ -7,6 +7,12 @@ from pathlib import Path
 from quickdraft.bench.plots import plot_acceptance_by_position, plot_speedup_by_category, plot_speedup_vs_draft_length
 
 
+def _acceptance(method: str, s: dict) -> str:
+    if s["num_draft_tokens"] == 0:
+        return "n/a (not reported)" if method.startswith("hf-assisted") else "-"
+    return f"{s['draft_acceptance_rate']:.3f}"
+
+
 def _table(summary: dict) -> list[str]:
     lines = [
         "| method | tokens/s (± run std) | speedup vs ar (± std) | mean accepted tokens | draft acceptance "
@@ -17,7 +23,7 @@ def _table(summary: dict) -> list[str]:
         lines.append(
             f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
             f"{s['speedup_vs_ar_std']:.2f} | {s['mean_accepted_tokens']:.2f} | "
-            f"{s['draft_acceptance_rate']:.3f} | {s['lossless_match_rate']:.0%} |"
+            f"{_acceptance(m, s)} | {s['lossless_match_rate']:.0%} |"
         )
     return lines
 
@@ -25,8 +31,7 @@ def _table(summary: dict) -> list[str]:
 def _category_table(summary: dict) -> list[str]:
     methods = [m for m in summary["methods"] if m != "ar"]
     cats = sorted({c for m in summary["methods"].values() for c in m["categories"]})
-    lines = ["| category | " + " | ".join(f"`{m}`" for m in methods) + " |",
-             "|---|" + "---|" * len(methods)]
+    lines = ["| category | " + " | ".join(f"`{m}`" for m in methods) + " |", "|---|" + "---|" * len(methods)]
     for c in cats:
         cells = []
         for m in methods:

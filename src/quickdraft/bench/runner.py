@@ -53,8 +53,13 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def _methods_with_ar(text: str) -> list[MethodSpec]:
@@ -95,9 +100,15 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                     res = method.run(ids, config.max_new_tokens)
                     if text == "ar":
                         reference.setdefault(rec.question_id, res.token_ids)
-                    row = {"question_id": rec.question_id, "category": rec.category, "method": text, "run": run,
-                           "new_tokens": len(res.token_ids), **asdict(res),
-                           "match_ar": res.token_ids == reference[rec.question_id]}
+                    row = {
+                        "question_id": rec.question_id,
+                        "category": rec.category,
+                        "method": text,
+                        "run": run,
+                        "new_tokens": len(res.token_ids),
+                        **asdict(res),
+                        "match_ar": res.token_ids == reference[rec.question_id],
+                    }
                     if text == "ar" and run == 0:
                         row["prompt_ids"] = ids
                     rows.append(row)
@@ -107,15 +118,21 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     summary = summarize(rows)
     summary["config"] = asdict(config)
     summary["machine"] = machine_info()
-    summary["prompt_set"] = {"source": config.prompts, "num_prompts": len(records),
-                             "categories": sorted({r.category for r in records})}
+    summary["prompt_set"] = {
+        "source": config.prompts,
+        "num_prompts": len(records),
+        "categories": sorted({r.category for r in records}),
+    }
     summary["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     from quickdraft.bench.report import write_report
 
     write_report(out, summary, rows)
-    silent = [m for m, s in summary["methods"].items() if methods[m].speculative and m.startswith("sd")
-              and s["num_draft_tokens"] == 0]
+    silent = [
+        m
+        for m, s in summary["methods"].items()
+        if methods[m].speculative and m.startswith("sd") and s["num_draft_tokens"] == 0
+    ]
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary

@@ -1,5 +1,5 @@
-"""Turn a stream of Rounds into a GenerationResult, applying EOS, stop strings and the token budget
-exactly: nothing after the end is emitted or counted, and the loop is closed at once."""
+"""Apply EOS, stop strings and the token budget to a stream of Rounds, exactly: nothing after the end
+is emitted or counted. `Collector` works round by round (streaming); `collect` drives it to the end."""
 
 from __future__ import annotations
 
@@ -37,46 +37,84 @@ def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
         stats.accepted_per_position[i] += int(i < accepted)
 
 
+class Collector:
+    """Accumulates one generation's tokens and statistics, round by round.
+
+    Args:
+        stop: the end conditions.
+        detokenize: ids -> text (special tokens skipped); needed for stop strings and text.
+        lossy: whether the verifier was lossy (recorded in the statistics).
+    """
+
+    def __init__(self, stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False) -> None:
+        self.stop, self.detokenize = stop, detokenize
+        self.stats = SpecStats(lossy=lossy)
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None  # set once done
+        self._cut_text: str | None = None
+        self._rounds = 0
+        self._start = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def _check(self, token: int) -> None:
+        if token in self.stop.eos_token_ids:
+            self.finish_reason = "stop"
+        elif self.stop.stop_strings and self.detokenize is not None:
+            decoded = self.detokenize(self.tokens)
+            cut = min((i for s in self.stop.stop_strings if (i := decoded.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                self.finish_reason, self._cut_text = "stop", decoded[:cut]
+        if not self.done and len(self.tokens) >= self.stop.max_new_tokens:
+            self.finish_reason = "length"
+
+    def feed(self, rnd: Round) -> list[int]:
+        """Take one round; returns the tokens it adds (all of them unless the generation ends inside)."""
+        kept: list[int] = []
+        for token in rnd.tokens:
+            if self.done:
+                break
+            self.tokens.append(token)
+            kept.append(token)
+            self._check(token)
+        _record(self.stats, rnd, len(kept), self._rounds)
+        self._rounds += 1
+        return kept
+
+    def text(self, upto: int | None = None) -> str:
+        """The final text; or, while running (or for the first `upto` tokens), the text so far minus
+        what a stop string could still cut (vLLM's hold-back) and an incomplete multi-byte character."""
+        if self.detokenize is None:
+            return ""
+        n = len(self.tokens) if upto is None else upto
+        final = self.done and n == len(self.tokens)
+        if final and self._cut_text is not None:
+            return self._cut_text
+        text = self.detokenize(self.tokens[:n])
+        if not final:
+            hold = max((len(s) - 1 for s in self.stop.stop_strings), default=0)
+            text = text[: len(text) - hold] if hold else text
+            text = text.rstrip("\ufffd")
+        return text
+
+    def result(self) -> GenerationResult:
+        self.stats.wall_s = time.perf_counter() - self._start
+        self.stats.num_new_tokens = len(self.tokens)
+        return GenerationResult(self.text(), list(self.tokens), self.finish_reason or "abort", self.stats)
+
+
 def collect(
     rounds: Iterator[Round], stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False
 ) -> GenerationResult:
-    """Consume `rounds` until EOS, a stop string or max_new_tokens.
-
-    Args:
-        rounds: a decode loop's generator (closed here when the generation ends).
-        stop: the end conditions.
-        detokenize: ids -> text (special tokens skipped); needed for stop strings and the text.
-        lossy: whether the verifier was lossy (recorded in the statistics).
-    """
-    stats = SpecStats(lossy=lossy)
-    tokens: list[int] = []
-    finish, text = "length", None
-    eos = set(stop.eos_token_ids)
-    start = time.perf_counter()
+    """Consume `rounds` until EOS, a stop string or max_new_tokens; the loop is closed at once."""
+    collector = Collector(stop, detokenize, lossy)
     try:
-        for index, rnd in enumerate(rounds):
-            kept, done = 0, False
-            for token in rnd.tokens:
-                tokens.append(token)
-                kept += 1
-                if token in eos:
-                    finish, done = "stop", True
-                elif stop.stop_strings and detokenize is not None:
-                    decoded = detokenize(tokens)
-                    cut = min((i for s in stop.stop_strings if (i := decoded.find(s)) >= 0), default=-1)
-                    if cut >= 0:
-                        finish, done, text = "stop", True, decoded[:cut]
-                if not done and len(tokens) >= stop.max_new_tokens:
-                    finish, done = "length", True
-                if done:
-                    break
-            _record(stats, rnd, kept, index)
-            if done:
+        for rnd in rounds:
+            collector.feed(rnd)
+            if collector.done:
                 break
     finally:
         rounds.close()
-    stats.wall_s = time.perf_counter() - start
-    stats.num_new_tokens = len(tokens)
-    if text is None:
-        text = detokenize(tokens) if detokenize is not None else ""
-    return GenerationResult(text=text, token_ids=tokens, finish_reason=finish, stats=stats)
+    return collector.result()

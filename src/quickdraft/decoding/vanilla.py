@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
 from quickdraft.decoding.common import Generators, prefill_step
@@ -75,5 +74,3 @@ class SpeculativeDecoder:
             produced += len(new_tokens)
             policy.update(len(drafted), n)
             yield Round(new_tokens, len(drafted), n, draft_s=mid - start, verify_s=time.perf_counter() - mid)
-
-

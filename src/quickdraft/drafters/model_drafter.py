@@ -41,6 +41,8 @@ class ModelDrafter:
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
     ) -> Proposal:
+        # a draft with a shorter context than the target stops drafting near its limit (plain steps)
+        num_draft_tokens = min(num_draft_tokens, self.model.max_length - len(context))
         if num_draft_tokens < 1:
             return empty_proposal()
         logits = self.model.sync(context)[-1]  # (V,)

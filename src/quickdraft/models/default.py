@@ -56,8 +56,7 @@ def ensure_default_model() -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained(): rebuild a plain model from its config.
-    config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items()
-                                     if k != "quantization_config"})
+    config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config

@@ -122,5 +122,7 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> int:
         vocab = target.output_vocab_size
     for m in (target, draft):
         if m.output_vocab_size < vocab:
-            raise QuickdraftError(f"{m.name} has {m.output_vocab_size} output tokens, fewer than the vocabulary ({vocab})")
+            raise QuickdraftError(
+                f"{m.name} has {m.output_vocab_size} output tokens, fewer than the vocabulary ({vocab})"
+            )
     return vocab

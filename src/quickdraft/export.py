@@ -1,0 +1,43 @@
+"""`quickdraft export --to vllm`: the vLLM `speculative_config` equivalent to a quickdraft drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quickdraft.errors import QuickdraftError
+
+
+def vllm_speculative_config(drafter: str, num_draft_tokens: int, draft_dir: str | None = None) -> dict:
+    """vLLM's speculative_config for a drafter spec.
+
+    ngram[:N] -> method "ngram" (prompt_lookup_max N, min 1); model:PATH -> method "draft_model";
+    truncated:N has no vLLM equivalent as such: pass `draft_dir`, where the caller saved the
+    truncated draft as an ordinary HF folder, and it becomes a draft_model.
+    """
+    if num_draft_tokens < 1:
+        raise QuickdraftError(f"draft length must be >= 1, got {num_draft_tokens}")
+    kind, _, arg = drafter.partition(":")
+    if kind == "ngram":
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": num_draft_tokens,
+            "prompt_lookup_max": int(arg) if arg else 3,
+            "prompt_lookup_min": 1,
+        }
+    if kind == "model":
+        if not arg:
+            raise QuickdraftError("drafter 'model' needs a path: model:PATH")
+        return {
+            "method": "draft_model",
+            "model": str(Path(arg).expanduser().resolve()),
+            "num_speculative_tokens": num_draft_tokens,
+        }
+    if kind == "truncated":
+        if draft_dir is None:
+            raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
+        return {
+            "method": "draft_model",
+            "model": str(Path(draft_dir).resolve()),
+            "num_speculative_tokens": num_draft_tokens,
+        }
+    raise QuickdraftError(f"drafter {drafter!r} has no vLLM equivalent (exportable: ngram, model:PATH, truncated:N)")

@@ -1,0 +1,394 @@
+"""OpenAI-compatible server on a tiny in-process model: routes, streaming, statistics, every bad
+input -> an OpenAI-shaped 4xx, back-pressure, disconnects, the openai client. Loopback only."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+
+from quickdraft import Engine, EngineConfig
+from quickdraft.drafters import ModelDrafter
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.loading import LoadedModel
+from quickdraft.server.app import create_app
+
+from conftest import noisy_copy, tiny_text_model
+
+NAME = "tiny"
+
+
+def make_engine():
+    target = tiny_text_model(dtype=torch.float32)
+    return Engine(target, EngineConfig(method="sd"), drafter=ModelDrafter(CachedModel(noisy_copy(target, 0.2).model)))
+
+
+def wait_ready(client, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if client.get("/health").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError("server never became ready")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return make_engine()
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    app = create_app(lambda: engine, NAME, max_queue=4, default_max_tokens=24)
+    with TestClient(app) as c:
+        wait_ready(c)
+        yield c
+
+
+def good(client):
+    r = client.post("/v1/completions", json={"model": NAME, "prompt": "abc", "max_tokens": 5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# --- happy paths ----------------------------------------------------------------------------------
+
+
+def test_models_health_and_completion(client, engine):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/v1/models").json()["data"][0]["id"] == NAME
+    body = good(client)
+    assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] in ("stop", "length")
+    want = engine.generate("abc", max_new_tokens=5)
+    assert body["choices"][0]["text"] == want.text
+    assert body["usage"]["completion_tokens"] == len(want.token_ids)
+
+
+def test_chat_completion_with_spec_stats(client):
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 20, "return_spec_stats": True},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    spec = body["metrics"]["speculative_decoding"]
+    assert spec["num_draft_tokens"] > 0 and 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+    assert len(spec["num_accepted_tokens_per_pos"]) > 0
+
+
+def _stream(client, path, payload):
+    with client.stream("POST", path, json=payload) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_stream_equals_non_stream_and_ends_with_usage(client, kind):
+    if kind == "chat":
+        path, payload = "/v1/chat/completions", {"messages": [{"role": "user", "content": "the cat"}]}
+    else:
+        path, payload = "/v1/completions", {"prompt": "the cat"}
+    payload = {**payload, "max_tokens": 30, "temperature": 0}
+    full = client.post(path, json=payload).json()
+    chunks = _stream(
+        client, path, {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_spec_stats": True}
+    )
+    assert len({c["id"] for c in chunks}) == 1
+    *content, finish, usage = chunks
+    if kind == "chat":
+        assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in content[1:])
+        want = full["choices"][0]["message"]["content"]
+    else:
+        text = "".join(c["choices"][0]["text"] for c in content)
+        want = full["choices"][0]["text"]
+    assert text == want
+    assert len(content) >= full["usage"]["completion_tokens"] - 1  # token by token, not one blob per round
+    assert finish["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+    assert usage["choices"] == [] and usage["usage"] == full["usage"]
+    assert usage["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
+
+
+def test_stop_string_in_stream_is_never_sent(client, engine):
+    full = engine.generate("hello", max_new_tokens=30).text
+    stop = full[5:7]
+    chunks = _stream(
+        client, "/v1/completions", {"prompt": "hello", "max_tokens": 30, "stop": stop, "stream": True, "temperature": 0}
+    )
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == full[: full.find(stop)]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_metrics_count_speculation(client):
+    good(client)
+    text = client.get("/metrics").text
+    assert "quickdraft:spec_decode_num_draft_tokens_total" in text
+    assert 'quickdraft:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+    assert "quickdraft:generation_tokens_total" in text
+    assert 'quickdraft:requests_total{route="/v1/completions",status="200"}' in text
+
+
+# --- bad input: OpenAI-shaped 4xx, never 500, and the next good request succeeds --------------------
+
+BAD = [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b'"a string"', 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", b"42", 400, None),
+    ("/v1/completions", b"null", 400, None),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 999]}, 400, None),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 1.5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "a", "temperature": -0.5}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "a", "temperature": 2.5}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "a", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "a", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "a", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "a", "top_k": -2}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "a", "seed": "x"}, 400, "seed"),
+    ("/v1/completions", {"prompt": "a", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "a", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/completions", {"prompt": "a", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "a", "model": "gpt-9"}, 404, "model"),
+    ("/v1/completions", {"prompt": "a", "model": 5}, 400, "model"),
+    ("/v1/chat/completions", {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "string"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [123]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": 123, "content": "a"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 123}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "tools": [{"x": 1}]}, 400, "tools"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param", BAD)
+def test_bad_input_gets_openai_error(client, path, body, status, param):
+    if isinstance(body, bytes):
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert err["param"] == param or param in err["message"]
+    good(client)
+
+
+def test_context_length_message_has_both_numbers(client):
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert "4096" in err["message"] and "5000" in err["message"] and err["code"] == "context_length_exceeded"
+
+
+def test_wrong_content_type_and_oversized_body(client):
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    r = client.post("/v1/completions", content=b"prompt=a", headers=form)
+    assert r.status_code == 415 and "Content-Type" in r.json()["error"]["message"]
+    big = json.dumps({"prompt": "a" * (9 * 1024 * 1024)}).encode()
+    r = client.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    good(client)
+
+
+def test_health_is_503_while_loading():
+    release = threading.Event()
+
+    def slow_loader():
+        release.wait(10)
+        return make_engine()
+
+    with TestClient(create_app(slow_loader, NAME)) as c:
+        assert c.get("/health").status_code == 503
+        r = c.post("/v1/completions", json={"prompt": "a"})
+        assert r.status_code == 503 and r.json()["error"]["message"] == "model is loading"
+        release.set()
+        wait_ready(c)
+        assert c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+
+
+# --- a real server on loopback: the openai client, back-pressure, disconnects ---------------------
+
+
+class SlowDrafter:
+    """Wraps a drafter and sleeps in every round, so a long generation is still running when the
+    test disconnects (the tiny model alone finishes thousands of tokens in well under a second)."""
+
+    def __init__(self, inner, delay=0.01):
+        self.inner, self.delay, self.name = inner, delay, "slow"
+
+    def begin(self, prompt_ids):
+        self.inner.begin(prompt_ids)
+
+    def propose(self, *args, **kwargs):
+        time.sleep(self.delay)
+        return self.inner.propose(*args, **kwargs)
+
+
+class NoEos(LoadedModel):
+    """The tiny target with EOS switched off, so a long request really runs long."""
+
+    @property
+    def eos_token_ids(self):
+        return ()
+
+
+@pytest.fixture(scope="module")
+def live():
+    engine = make_engine()
+    t = engine.target_info
+    engine.target_info = NoEos(t.model, t.tokenizer, t.name)
+    engine.drafter = SlowDrafter(engine.drafter)
+    app = create_app(lambda: engine, NAME, max_queue=0, default_max_tokens=16)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    end = time.time() + 10
+    while httpx.get(url + "/health").status_code != 200 and time.time() < end:
+        time.sleep(0.05)
+    yield url, app, engine
+    server.should_exit = True
+    thread.join(5)
+
+
+def test_openai_client_works(live):
+    import openai
+
+    url, _, _ = live
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    chat = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "abc"}], max_tokens=8, seed=1, temperature=0
+    )
+    assert chat.choices[0].message.content is not None
+    parts = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "abc"}], max_tokens=8, stream=True, temperature=0
+        )
+        if c.choices
+    ]
+    assert "".join(parts) == chat.choices[0].message.content
+    comp = client.completions.create(model=NAME, prompt="abc", max_tokens=4)
+    assert comp.usage.completion_tokens <= 4
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="abc")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=NAME, prompt="abc", max_tokens=0)
+
+
+def _pending(app):
+    return app.state.worker.pending
+
+
+def test_queue_full_gets_429_then_recovers_and_disconnect_stops_generation(live):
+    url, app, engine = live
+    with httpx.Client(timeout=30) as http:
+        with http.stream(
+            "POST", url + "/v1/completions", json={"prompt": "abc", "max_tokens": 4000, "stream": True}
+        ) as r:
+            next(r.iter_lines())  # the generation is running and holds the only slot (max_queue=0)
+            busy = http.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["type"] == "rate_limit_exceeded"
+            forwards_at_close = engine.target.num_forwards
+        # the client closed the stream: the generation stops within a round or so
+        end = time.time() + 5
+        while _pending(app) and time.time() < end:
+            time.sleep(0.02)
+        assert _pending(app) == 0
+        stopped_at = engine.target.num_forwards
+        time.sleep(0.3)
+        assert engine.target.num_forwards == stopped_at  # nothing keeps generating
+        assert stopped_at - forwards_at_close < 4000  # it did not run to max_tokens
+        ok = http.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3})
+        assert ok.status_code == 200
+
+
+def test_non_stream_disconnect_cancels(live):
+    url, app, engine = live
+    before = engine.target.num_forwards
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 4000}, timeout=0.3)
+    end = time.time() + 5
+    while _pending(app) and time.time() < end:
+        time.sleep(0.02)
+    assert _pending(app) == 0
+    assert engine.target.num_forwards - before < 4000
+
+
+# --- config file and export -------------------------------------------------------------------------
+
+
+def test_yaml_config(tmp_path):
+    from quickdraft import QuickdraftError
+    from quickdraft.server import ServeConfig, load_config_file
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("drafter: ngram\ndraft_length: 6\nport: 9001\n")
+    cfg = ServeConfig(**{**load_config_file(str(path)), "port": 9002})
+    assert cfg.drafter == "ngram" and cfg.draft_length == 6 and cfg.port == 9002 and cfg.host == "127.0.0.1"
+    path.write_text("drafer: ngram\n")
+    with pytest.raises(QuickdraftError, match="unknown settings"):
+        load_config_file(str(path))
+
+
+def test_export_vllm(tiny_model_dir, tmp_path, capsys):
+    from quickdraft.cli import main
+    from quickdraft.export import vllm_speculative_config
+
+    assert vllm_speculative_config("ngram", 5) == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
+    cfg = vllm_speculative_config(f"model:{tiny_model_dir}", 3)
+    assert cfg["method"] == "draft_model" and cfg["num_speculative_tokens"] == 3
+    out = tmp_path / "spec.json"
+    draft_dir = tmp_path / "draft"
+    assert (
+        main(
+            [
+                "export",
+                "--to",
+                "vllm",
+                "--target",
+                tiny_model_dir,
+                "--drafter",
+                "truncated:1",
+                "--draft-out",
+                str(draft_dir),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    written = json.loads(out.read_text())
+    assert written["model"] == str(draft_dir.resolve()) and (draft_dir / "config.json").is_file()
+    assert "vllm serve" in capsys.readouterr().err
+    assert main(["export", "--to", "vllm", "--drafter", "truncated:1", "--target", tiny_model_dir]) == 2
