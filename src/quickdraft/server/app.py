@@ -57,6 +57,53 @@ class Metrics:
             self.accepted_pos.labels(position=str(pos)).inc(n)
 
 
+class CountRequests:
+    """Pure ASGI middleware counting requests by route and status (BaseHTTPMiddleware would hide
+    client disconnects from the handlers)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.metrics.requests.labels(route=scope["path"], status=str(status["code"])).inc()
+
+
+class DisconnectWatch:
+    """Hands out a request's worker events; every 0.2 s (also while tokens keep arriving) it checks
+    whether the client went away, and then cancels the generation and returns None."""
+
+    def __init__(self, request: Request, events: asyncio.Queue, cancel: threading.Event) -> None:
+        self.request, self.events, self.cancel = request, events, cancel
+        self.next_check = asyncio.get_running_loop().time() + 0.2
+
+    async def next(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            timeout = self.next_check - loop.time()
+            if timeout > 0:
+                try:
+                    return await asyncio.wait_for(self.events.get(), timeout=timeout)
+                except asyncio.TimeoutError:
+                    pass
+            self.next_check = loop.time() + 0.2
+            if await self.request.is_disconnected():
+                self.cancel.set()
+                return None
+
+
 def error_response(err: APIError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
@@ -95,11 +142,7 @@ def create_app(
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(route=request.url.path, status=str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountRequests, metrics=metrics)
 
     @app.get("/health")
     async def health() -> Response:
@@ -179,29 +222,10 @@ def create_app(
         metrics.observe(result)
         return JSONResponse(full_response(req, rid, name, result, len(ids)))
 
-    async def next_event(request: Request, events: asyncio.Queue, cancel: threading.Event):
-        """The next worker event, or None once the client has disconnected (generation cancelled).
-
-        The disconnect check runs at least every 0.2 s, also while tokens keep arriving."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 0.2
-        while True:
-            try:
-                event = await asyncio.wait_for(events.get(), timeout=max(0.01, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                event = None
-            if event is not None and loop.time() < deadline:
-                return event
-            deadline = loop.time() + 0.2
-            if await request.is_disconnected():
-                cancel.set()
-                return None
-            if event is not None:
-                return event
-
     async def wait_result(request, events, cancel) -> GenerationResult | None:
+        watch = DisconnectWatch(request, events, cancel)
         while True:
-            event = await next_event(request, events, cancel)
+            event = await watch.next()
             if event is None:
                 await drain(events)
                 return None
@@ -222,11 +246,12 @@ def create_app(
             return f"data: {json.dumps(obj)}\n\n"
 
         sent, finished = "", False
+        watch = DisconnectWatch(request, events, cancel)
         try:
             if req.kind == "chat":
                 yield data(chunk(req, rid, name, role=True))
             while True:
-                event = await next_event(request, events, cancel)
+                event = await watch.next()
                 if event is None:
                     return
                 if isinstance(event, TokenEvent):
