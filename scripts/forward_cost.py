@@ -1,7 +1,11 @@
-"""Cost of one target forward over k new tokens (KV cache of 200), as a multiple of k = 1.
+"""What forwards cost on this machine, the two numbers that decide whether speculation pays.
 
-This ratio decides whether speculation can pay on a machine: verifying k drafts costs one forward
-over k+1 tokens. Usage: python scripts/forward_cost.py --dtype bfloat16 --threads 2
+1. One target forward over k new tokens (KV cache of 200) as a multiple of k = 1: verifying k
+   drafts costs one forward over k+1 tokens.
+2. One draft step (a truncated 6-layer copy of the target): a bare HF forward with a cache, our
+   CachedModel.extend, and transformers' generate() per token, to show the draft loop adds little.
+
+Usage: python scripts/forward_cost.py --dtype bfloat16 --threads 2
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import time
 import torch
 
 from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.loading import load_model
+from quickdraft.models.loading import load_model, truncated_copy
 
 
 def main() -> None:
@@ -39,6 +43,56 @@ def main() -> None:
         ms = statistics.median(times) * 1000
         base = base or ms
         print(f"k={k:2d}  {ms:7.2f} ms  x{ms / base:.2f}")
+    draft_step_costs(m, args.repeats)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+@torch.inference_mode()
+def draft_step_costs(target, repeats: int) -> None:
+    from transformers import DynamicCache
+
+    draft = truncated_copy(target, 6).model
+    ctx = torch.arange(100, 300)[None]
+    cache = DynamicCache(config=draft.config)
+    draft(input_ids=ctx, past_key_values=cache)
+    tok = torch.tensor([[500]])
+
+    def bare():
+        draft(input_ids=tok, past_key_values=cache, logits_to_keep=1)
+        cache.crop(-1)
+
+    cm = CachedModel(draft)
+    cm.extend(ctx[0].tolist())
+
+    def ours():
+        cm.extend([500], last_only=True)
+        cm.rollback(200)
+
+    def hf_generate():
+        draft.generate(
+            input_ids=ctx,
+            attention_mask=torch.ones_like(ctx),
+            max_new_tokens=4,
+            min_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+    per_generate = (
+        _median_ms(hf_generate, max(3, repeats // 5)) - _median_ms(lambda: draft(input_ids=ctx), max(3, repeats // 5))
+    ) / 4
+    print("draft step, 6-layer truncated copy:")
+    print(f"  bare forward with cache          {_median_ms(bare, repeats):7.2f} ms")
+    print(f"  CachedModel.extend (our drafter) {_median_ms(ours, repeats):7.2f} ms")
+    print(f"  generate(), per new token        {per_generate:7.2f} ms  (prefill subtracted)")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,9 @@ def test_runner_end_to_end_with_peer(tiny_model_dir, prompt_file, tmp_path):
     summary = run_bench(cfg, progress=False)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * 2 * 6
+    for r in rows:
+        if not r["method"].startswith("hf-assisted"):
+            assert sum(r["accepted_lengths"]) == r["new_tokens"] and len(r["accepted_lengths"]) == r["target_forwards"]
     assert set(json.loads((out / "results.json").read_text())["methods"]) == {r["method"] for r in rows}
     for name in ("report.md", "speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_draft_length.png"):
         assert (out / name).is_file(), name

@@ -116,6 +116,7 @@ def test_draft_equal_to_target_accepts_all(sampling):
     assert s.draft_acceptance_rate == 1.0
     assert s.mean_acceptance_length == 5.0  # every round: 4 drafts + bonus
     assert s.num_target_forwards == 1 + 40 // 5
+    assert s.accepted_lengths == [1] + [5] * 8  # tokens committed per target forward (prefill first)
 
 
 # --- C4 / C5: EOS inside a draft, max_new_tokens edges ---------------------------------------------

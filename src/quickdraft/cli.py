@@ -112,7 +112,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     # validate every flag before the (slow) model load
     SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
-    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold, max(16, args.draft_length))
+    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold)
     config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft)
     engine = Engine.load(args.target, config, args.dtype, args.threads)
     result = engine.generate(

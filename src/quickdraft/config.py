@@ -74,17 +74,19 @@ class DraftConfig:
         schedule: "fixed", "heuristic" (transformers' +2 on full acceptance / -1 otherwise) or
             "confidence" (stop drafting once the draft's top-1 probability falls below threshold).
         confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
-        max_num_draft_tokens: upper bound for the heuristic schedule.
+        max_num_draft_tokens: upper bound for the heuristic schedule (default max(16, gamma)).
     """
 
     num_draft_tokens: int = 4
     schedule: str = "fixed"
     confidence_threshold: float = 0.4
-    max_num_draft_tokens: int = 16
+    max_num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
             raise QuickdraftError(f"draft length must be an integer >= 1, got {self.num_draft_tokens!r}")
+        if self.max_num_draft_tokens is None:  # frozen: set the derived default once
+            object.__setattr__(self, "max_num_draft_tokens", max(16, self.num_draft_tokens))
         if self.schedule not in ("fixed", "heuristic", "confidence"):
             raise QuickdraftError(f"unknown draft schedule {self.schedule!r}; choose fixed, heuristic or confidence")
         if not (0.0 < self.confidence_threshold < 1.0):

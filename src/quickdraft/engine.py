@@ -14,7 +14,7 @@ import torch
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder
 from quickdraft.decoding.adaptive import make_draft_policy
-from quickdraft.decoding.collect import Collector
+from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -123,15 +123,7 @@ class Engine:
 
     def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
         """Generate from token ids (validated against the context length)."""
-        rounds, collector = self._start(prompt_ids, sampling, stop)
-        try:
-            for rnd in rounds:
-                collector.feed(rnd)
-                if collector.done:
-                    break
-        finally:
-            rounds.close()
-        return collector.result()
+        return run_to_end(*self._start(prompt_ids, sampling, stop))
 
     def stream_ids(
         self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig

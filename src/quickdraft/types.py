@@ -73,6 +73,7 @@ class SpecStats:
     num_target_forwards: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per target forward
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0

@@ -82,6 +82,7 @@ class RunOutput:
     num_accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
 
 
 def _int(spec: MethodSpec, key: str, default: int) -> int:
@@ -100,7 +101,6 @@ class QuickdraftMethod:
             num_draft_tokens=_int(spec, "draft_length", 4),
             schedule=spec.get("schedule", "fixed"),
             confidence_threshold=float(spec.get("threshold", "0.4")),
-            max_num_draft_tokens=max(16, _int(spec, "draft_length", 4)),
         )
         config = EngineConfig(method=spec.name, drafter=spec.get("drafter", "ngram"), draft=draft)
         self.engine = Engine(target, config, dtype=dtype)
@@ -122,6 +122,7 @@ class QuickdraftMethod:
             s.num_accepted_draft_tokens,
             s.drafted_per_position,
             s.accepted_per_position,
+            s.accepted_lengths,
         )
 
 

@@ -14,6 +14,7 @@ Detokenize = Callable[[list[int]], str]
 
 def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
     stats.num_target_forwards += 1
+    stats.accepted_lengths.append(kept)
     if index == 0:
         stats.prefill_s += rnd.verify_s
     else:
@@ -105,11 +106,8 @@ class Collector:
         return GenerationResult(self.text(), list(self.tokens), self.finish_reason or "abort", self.stats)
 
 
-def collect(
-    rounds: Iterator[Round], stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False
-) -> GenerationResult:
-    """Consume `rounds` until EOS, a stop string or max_new_tokens; the loop is closed at once."""
-    collector = Collector(stop, detokenize, lossy)
+def run_to_end(rounds: Iterator[Round], collector: Collector) -> GenerationResult:
+    """Feed `rounds` to `collector` until the generation ends; the loop is closed at once."""
     try:
         for rnd in rounds:
             collector.feed(rnd)
@@ -118,3 +116,10 @@ def collect(
     finally:
         rounds.close()
     return collector.result()
+
+
+def collect(
+    rounds: Iterator[Round], stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False
+) -> GenerationResult:
+    """Consume `rounds` until EOS, a stop string or max_new_tokens."""
+    return run_to_end(rounds, Collector(stop, detokenize, lossy))

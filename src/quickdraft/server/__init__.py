@@ -53,7 +53,7 @@ def engine_loader(cfg: ServeConfig):
     from quickdraft.config import DraftConfig
     from quickdraft.engine import Engine, EngineConfig
 
-    draft = DraftConfig(cfg.draft_length, cfg.draft_schedule, cfg.confidence_threshold, max(16, cfg.draft_length))
+    draft = DraftConfig(cfg.draft_length, cfg.draft_schedule, cfg.confidence_threshold)
     engine_cfg = EngineConfig(method=cfg.method, drafter=cfg.drafter, draft=draft)  # validates names now
     return lambda: Engine.load(cfg.target, engine_cfg, cfg.dtype, cfg.threads)
 
