@@ -76,23 +76,26 @@ def draft_step_costs(target, repeats: int) -> None:
         cm.extend([500], last_only=True)
         cm.rollback(200)
 
-    def hf_generate():
-        draft.generate(
+    def hf_generate(n: int):
+        return lambda: draft.generate(
             input_ids=ctx,
             attention_mask=torch.ones_like(ctx),
-            max_new_tokens=4,
-            min_new_tokens=4,
+            max_new_tokens=n,
+            min_new_tokens=n,
             do_sample=False,
             pad_token_id=0,
         )
 
-    per_generate = (
-        _median_ms(hf_generate, max(3, repeats // 5)) - _median_ms(lambda: draft(input_ids=ctx), max(3, repeats // 5))
-    ) / 4
+    def prefill():
+        draft(input_ids=ctx, past_key_values=DynamicCache(config=draft.config), logits_to_keep=1)
+
+    reps = max(5, repeats // 3)
+    one, nine, pre = _median_ms(hf_generate(1), reps), _median_ms(hf_generate(9), reps), _median_ms(prefill, reps)
     print("draft step, 6-layer truncated copy:")
     print(f"  bare forward with cache          {_median_ms(bare, repeats):7.2f} ms")
     print(f"  CachedModel.extend (our drafter) {_median_ms(ours, repeats):7.2f} ms")
-    print(f"  generate(), per new token        {per_generate:7.2f} ms  (prefill subtracted)")
+    print(f"  generate(), per new token        {(nine - one) / 8:7.2f} ms  ((9 tokens - 1 token) / 8)")
+    print(f"  generate(), per-call set-up      {one - pre:7.2f} ms  (1-token call minus a bare prefill)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -104,9 +105,9 @@ def _cmd_doc(args: argparse.Namespace) -> int:
         if not report.is_file():
             raise QuickdraftError(f"{out} has no report.md")
         text = report.read_text()
-        # plots live beside the report: point image links at them
-        rel = Path(out)
-        text = text.replace("](", f"]({Path('..') / rel}/" if not rel.is_absolute() else f"]({rel}/")
+        # plots live beside the report: point image links at them, relative to the output page
+        rel = os.path.relpath(Path(out).resolve(), Path(args.output).resolve().parent)
+        text = text.replace("](", f"]({rel}/")
         parts.append(text)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text("\n".join(parts))

@@ -23,9 +23,9 @@ def plot_speedup_by_category(summary: dict, path: Path) -> None:
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(cats))], cats, rotation=35, ha="right")
     ax.set_ylabel("speedup over plain decoding")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
