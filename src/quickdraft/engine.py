@@ -109,13 +109,17 @@ class Engine:
     def context_length(self) -> int:
         return self.target.max_length
 
-    def _start(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig):
+    def check_length(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise if the prompt plus the token budget does not fit the target's context."""
         limit = self.context_length
-        if len(prompt_ids) + stop.max_new_tokens > limit:
+        if num_prompt_tokens + max_new_tokens > limit:
             raise QuickdraftError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({stop.max_new_tokens}) exceeds the "
+                f"prompt ({num_prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"model's context length of {limit} tokens"
             )
+
+    def _start(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig):
+        self.check_length(len(prompt_ids), stop.max_new_tokens)
         decoder = self._decoder(sampling)
         rounds = decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed))
         detokenize = self.detokenize if self.target_info.tokenizer else None

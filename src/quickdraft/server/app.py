@@ -187,16 +187,10 @@ def create_app(
             stop = StopConfig(req.max_tokens, engine.target_info.eos_token_ids, tuple(req.stop))
         except QuickdraftError as exc:
             raise APIError(400, str(exc)) from None
-        limit = engine.context_length
-        if len(ids) + req.max_tokens > limit:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens; your request has "
-                f"{len(ids)} prompt tokens and max_tokens {req.max_tokens} "
-                f"({len(ids) + req.max_tokens} in total).",
-                "max_tokens",
-                code="context_length_exceeded",
-            )
+        try:  # the engine's own check, before the request takes a queue slot
+            engine.check_length(len(ids), req.max_tokens)
+        except QuickdraftError as exc:
+            raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
         if not worker.try_admit():
             return error_response(
                 APIError(429, f"server busy: {worker.max_queue} requests already waiting", type_="rate_limit_exceeded"),
