@@ -22,10 +22,19 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="sd", choices=("ar", "sd"), help="ar = plain decoding, sd = speculative")
-    p.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS (default: ngram)")
+    p.add_argument(
+        "--drafter",
+        default="ngram",
+        help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH] (default: ngram)",
+    )
     p.add_argument("--draft-length", type=int, default=4, help="draft tokens per round, gamma (default: 4)")
     p.add_argument("--draft-schedule", default="fixed", choices=("fixed", "heuristic", "confidence"))
     p.add_argument("--confidence-threshold", type=float, default=0.4, help="for --draft-schedule confidence")
+    p.add_argument(
+        "--verifier",
+        default=None,
+        help="greedy | speculative (lossless; default by temperature) | lenient[:L] (LOSSY, temperature > 0)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -53,6 +62,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub, _add_model_flags)
 
+    from quickdraft.distill.cli import add_distill_parsers
+
+    add_distill_parsers(sub, _add_model_flags)
+
     # serve: unset flags stay absent so a YAML config can fill them (explicit flags win)
     srv = sub.add_parser(
         "serve", help="OpenAI-compatible server (127.0.0.1 by default)", argument_default=argparse.SUPPRESS
@@ -69,7 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--dtype", choices=DTYPES)
     srv.add_argument("--threads", type=int)
     srv.add_argument("--method", choices=("ar", "sd"))
-    srv.add_argument("--drafter", help="ngram[:N] | model:PATH | truncated:LAYERS")
+    srv.add_argument("--drafter", help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH]")
     srv.add_argument("--draft-length", dest="draft_length", type=int)
     srv.add_argument("--draft-schedule", dest="draft_schedule", choices=("fixed", "heuristic", "confidence"))
     srv.add_argument("--confidence-threshold", dest="confidence_threshold", type=float)
@@ -77,7 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write the equivalent config of another engine")
     exp.add_argument("--to", required=True, choices=("vllm",))
-    exp.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS")
+    exp.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH]")
     exp.add_argument("--draft-length", type=int, default=4)
     exp.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
     exp.add_argument("--draft-out", default=None, help="where to save a truncated draft as an HF folder")
@@ -101,7 +114,9 @@ def _format_stats(stats: dict) -> str:
         f"{stats['prefill_s']:.2f}, drafting {stats['draft_s']:.2f}, verifying {stats['verify_s']:.2f})",
     ]
     if stats["lossy"]:
-        lines.append("verification            LOSSY (output may differ from the target's distribution)")
+        lines.append(
+            f"verification            LOSSY ({stats.get('verifier', 'lenient')}: output may differ from the target's distribution)"
+        )
     return "\n".join(lines)
 
 
@@ -113,7 +128,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
     draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold)
-    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft)
+    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft, verifier=args.verifier)
+    if args.verifier is not None:  # validate the name before the model load
+        from quickdraft.verifiers import make_verifier
+
+        make_verifier(args.verifier, SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))
     engine = Engine.load(args.target, config, args.dtype, args.threads)
     result = engine.generate(
         args.prompt,

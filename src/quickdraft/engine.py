@@ -123,7 +123,9 @@ class Engine:
         decoder = self._decoder(sampling)
         rounds = decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed))
         detokenize = self.detokenize if self.target_info.tokenizer else None
-        return rounds, Collector(stop, detokenize, decoder.lossy)
+        collector = Collector(stop, detokenize, decoder.lossy)
+        collector.stats.verifier = getattr(getattr(decoder, "verifier", None), "name", "")
+        return rounds, collector
 
     def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
         """Generate from token ids (validated against the context length)."""

@@ -79,6 +79,7 @@ class SpecStats:
     verify_s: float = 0.0
     wall_s: float = 0.0
     lossy: bool = False
+    verifier: str = ""  # the verifier's name ("" for plain decoding)
 
     @property
     def draft_acceptance_rate(self) -> float:

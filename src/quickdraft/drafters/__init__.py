@@ -2,12 +2,14 @@
 
 Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram), "model:PATH" (an independent
 draft model folder), "truncated:N" (the target's first N layers + norm + head, a real-weights
-stand-in for a draft model).
+stand-in for a draft model), "distilled" (the DistillSpec draft shipped for the embedded default
+target) or "distilled:PATH" (a distilled delta folder written by `quickdraft distill`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.drafters.model_drafter import ModelDrafter
@@ -48,14 +50,28 @@ def _truncated(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
     return _model_drafter(truncated_copy(target, layers), target, f"truncated:{layers}")
 
 
-DRAFTERS: dict[str, Builder] = {"ngram": _ngram, "model": _model, "truncated": _truncated}
+def _distilled(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
+    from quickdraft.distill.student import load_delta, shipped_delta_dir
+
+    folder = shipped_delta_dir(target) if arg is None else Path(arg).expanduser()
+    return _model_drafter(load_delta(target, folder), target, f"distilled:{arg}" if arg else "distilled")
+
+
+DRAFTERS: dict[str, Builder] = {
+    "ngram": _ngram,
+    "model": _model,
+    "truncated": _truncated,
+    "distilled": _distilled,
+}
 
 
 def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Drafter:
     """Build a drafter from its spec string (see the module docstring)."""
     kind, _, arg = spec.partition(":")
     if kind not in DRAFTERS:
-        raise QuickdraftError(f"unknown drafter {spec!r}; choose one of: ngram, model:PATH, truncated:N")
+        raise QuickdraftError(
+            f"unknown drafter {spec!r}; choose one of: ngram, model:PATH, truncated:N, distilled[:PATH]"
+        )
     return DRAFTERS[kind](arg or None, target, dtype)
 
 

@@ -15,6 +15,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Verdict
 from quickdraft.verifiers.greedy import GreedyMatch, greedy_verify
+from quickdraft.verifiers.lenient import LenientVerifier, lenient_verify
 from quickdraft.verifiers.speculative import SpeculativeSampling, speculative_verify
 
 
@@ -31,18 +32,29 @@ class Verifier(Protocol):
     ) -> Verdict: ...
 
 
-VERIFIERS: dict[str, type] = {"speculative": SpeculativeSampling, "greedy": GreedyMatch}
+VERIFIERS: dict[str, type] = {"speculative": SpeculativeSampling, "greedy": GreedyMatch, "lenient": LenientVerifier}
 
 
 def make_verifier(name: str | None, sampling: SamplingConfig) -> Verifier:
     """Build a verifier by name; None picks greedy at temperature 0, speculative sampling otherwise."""
     if name is None:
         name = "greedy" if sampling.greedy else "speculative"
-    if name not in VERIFIERS:
-        raise QuickdraftError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
-    if name == "greedy" and not sampling.greedy:
+    kind, _, arg = name.partition(":")
+    if kind not in VERIFIERS or (arg and kind != "lenient"):
+        raise QuickdraftError(f"unknown verifier {name!r}; choose one of greedy, speculative, lenient[:L] (lossy)")
+    if kind == "greedy" and not sampling.greedy:
         raise QuickdraftError("the greedy verifier needs temperature 0")
-    return VERIFIERS[name]()
+    if kind == "lenient":
+        if sampling.greedy:
+            raise QuickdraftError("lenient verification relaxes the sampling test and does nothing at temperature 0")
+        try:
+            lenience = float(arg) if arg else 0.5
+        except ValueError:
+            raise QuickdraftError(
+                f"lenient verifier needs a number in (0, 1], e.g. lenient:0.5 (got {arg!r})"
+            ) from None
+        return LenientVerifier(lenience)
+    return VERIFIERS[kind]()
 
 
 __all__ = [
@@ -52,5 +64,7 @@ __all__ = [
     "greedy_verify",
     "speculative_verify",
     "GreedyMatch",
+    "LenientVerifier",
+    "lenient_verify",
     "SpeculativeSampling",
 ]

@@ -1,0 +1,29 @@
+"""DistillSpec: distil a draft towards the target (losses, data generators, trainer, evaluation)."""
+
+from quickdraft.distill.data import Batch, Example, Mixture, parse_mix, sharegpt_examples
+from quickdraft.distill.losses import LossProcessing, acceptance, distill_loss, fkl, jsd, make_divergence, rkl, tvd
+from quickdraft.distill.student import Student, load_delta, make_student, save_delta
+from quickdraft.distill.trainer import DistillConfig, Distiller, scored_logits
+
+__all__ = [
+    "Batch",
+    "DistillConfig",
+    "Distiller",
+    "Example",
+    "LossProcessing",
+    "Mixture",
+    "Student",
+    "acceptance",
+    "distill_loss",
+    "fkl",
+    "jsd",
+    "load_delta",
+    "make_divergence",
+    "make_student",
+    "parse_mix",
+    "rkl",
+    "save_delta",
+    "scored_logits",
+    "sharegpt_examples",
+    "tvd",
+]
