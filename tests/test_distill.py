@@ -38,17 +38,17 @@ from conftest import tiny_llama, tiny_text_model
 
 def _naive(p: list[float], q: list[float]) -> dict[str, float]:
     def kl(a, b):
-        return sum(x * math.log(x / y) for x, y in zip(a, b) if x > 0)
+        return sum(x * math.log(x / y) for x, y in zip(a, b, strict=False) if x > 0)
 
-    m = [0.5 * x + 0.5 * y for x, y in zip(p, q)]
-    m3 = [0.3 * x + 0.7 * y for x, y in zip(p, q)]
+    m = [0.5 * x + 0.5 * y for x, y in zip(p, q, strict=False)]
+    m3 = [0.3 * x + 0.7 * y for x, y in zip(p, q, strict=False)]
     return {
         "fkl": kl(p, q),
         "rkl": kl(q, p),
         "jsd": 0.5 * kl(p, m) + 0.5 * kl(q, m),
         "jsd:0.3": 0.3 * kl(p, m3) + 0.7 * kl(q, m3),
-        "tvd": 0.5 * sum(abs(x - y) for x, y in zip(p, q)),
-        "acc": sum(min(x, y) for x, y in zip(p, q)),
+        "tvd": 0.5 * sum(abs(x - y) for x, y in zip(p, q, strict=False)),
+        "acc": sum(min(x, y) for x, y in zip(p, q, strict=False)),
     }
 
 
@@ -202,7 +202,7 @@ def test_sampled_responses_stop_at_eos():
     b = Sampled("target", 20).make(
         _examples(3), 0, target=target.model, draft=None, eos_ids={4, 5, 6, 7}, generator_seed=0
     )
-    for row, mask in zip(b.input_ids.tolist(), b.loss_mask.tolist()):
+    for row, mask in zip(b.input_ids.tolist(), b.loss_mask.tolist(), strict=False):
         scored = [t for t, m in enumerate(mask) if m]
         resp = row[scored[0] + 1 : scored[-1] + 2]
         assert all(t not in {4, 5, 6, 7} for t in resp[:-1])
@@ -260,7 +260,9 @@ def test_trainer_end_to_end_checkpoints_and_resumes_exactly(tmp_path):
     first.train(progress=False)
     resumed = _distiller(tmp_path / "b", steps=6, mix="fixed=1,target=1,draft=1", checkpoint_every=3)
     assert [r["step"] for r in resumed.train(progress=False)] == [4, 5, 6]
-    for (n, a), (_, b) in zip(straight.student.model.named_parameters(), resumed.student.model.named_parameters()):
+    for (n, a), (_, b) in zip(
+        straight.student.model.named_parameters(), resumed.student.model.named_parameters(), strict=False
+    ):
         assert torch.allclose(a, b, atol=1e-6), n
 
     # the checkpoint is an ordinary HF folder; history has one line per step of both runs

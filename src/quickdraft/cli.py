@@ -115,7 +115,8 @@ def _format_stats(stats: dict) -> str:
     ]
     if stats["lossy"]:
         lines.append(
-            f"verification            LOSSY ({stats.get('verifier', 'lenient')}: output may differ from the target's distribution)"
+            f"verification            LOSSY ({stats.get('verifier', 'lenient')}: "
+            "output may differ from the target's distribution)"
         )
     return "\n".join(lines)
 

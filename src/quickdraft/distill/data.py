@@ -82,7 +82,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
 def first_turn(record: dict) -> tuple[str, str] | None:
     """The first (human, gpt) pair of a ShareGPT record, or None."""
     conv = record.get("conversations") or []
-    for a, b in zip(conv, conv[1:]):
+    for a, b in zip(conv, conv[1:], strict=False):
         if a.get("from") == "human" and b.get("from") == "gpt" and a.get("value") and b.get("value"):
             return a["value"], b["value"]
     return None
@@ -147,7 +147,7 @@ def collate(sequences: Sequence[Sequence[int]], scored: Sequence[Sequence[bool]]
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     att = torch.zeros((B, T), dtype=torch.long)
     lm = torch.zeros((B, T), dtype=torch.bool)
-    for b, (s, m) in enumerate(zip(sequences, scored)):
+    for b, (s, m) in enumerate(zip(sequences, scored, strict=False)):
         off = T - len(s)
         ids[b, off:] = torch.tensor(list(s), dtype=torch.long)
         att[b, off:] = 1
