@@ -15,6 +15,7 @@ from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.collect import Collector, run_to_end
+from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, measure_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -22,7 +23,7 @@ from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.types import GenerationResult
 from quickdraft.verifiers import make_verifier
 
-METHODS = ("ar", "sd")
+METHODS = ("ar", "sd", "pearl")
 Prompt = str | Sequence[dict] | Sequence[int]
 
 
@@ -34,6 +35,7 @@ class EngineConfig:
     drafter: str = "ngram"
     draft: DraftConfig = field(default_factory=DraftConfig)
     verifier: str | None = None
+    pearl: PearlConfig = field(default_factory=PearlConfig)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -103,7 +105,31 @@ class Engine:
         if self.drafter is None:
             return Autoregressive(self.target)
         verifier = make_verifier(self.config.verifier, sampling)
+        if self.config.method == "pearl":
+            return PearlDecoder(self.target, self.drafter, verifier, self.config.pearl, self.pearl_gamma)
         return SpeculativeDecoder(self.target, self.drafter, verifier, lambda: make_draft_policy(self.config.draft))
+
+    @property
+    def pearl_gamma(self) -> int:
+        """PEARL's window: the configured one, else measured once (target step / draft step)."""
+        if self.config.pearl.gamma is not None:
+            return self.config.pearl.gamma
+        if getattr(self, "_pearl_gamma", None) is None:
+            drafter = self.drafter
+            if not hasattr(drafter, "model"):
+                self._pearl_gamma = 4  # model-free drafters cost ~nothing; use the usual default
+            else:
+                dm = drafter.model
+                dm.reset()
+                dm.extend(list(range(10, 74)))
+
+                def step() -> None:
+                    dm.extend([11])
+                    dm.rollback(64)
+
+                self._pearl_gamma = measure_gamma(self.target, step)
+                dm.reset()
+        return self._pearl_gamma
 
     @property
     def context_length(self) -> int:

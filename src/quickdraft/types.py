@@ -55,6 +55,7 @@ class Round:
     num_accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    events: dict[str, int] = field(default_factory=dict)  # method-specific counters, summed in stats
 
 
 @dataclass
@@ -80,6 +81,7 @@ class SpecStats:
     wall_s: float = 0.0
     lossy: bool = False
     verifier: str = ""  # the verifier's name ("" for plain decoding)
+    extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (e.g. PEARL runs)
 
     @property
     def draft_acceptance_rate(self) -> float:

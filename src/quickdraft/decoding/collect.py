@@ -15,6 +15,8 @@ Detokenize = Callable[[list[int]], str]
 def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
     stats.num_target_forwards += 1
     stats.accepted_lengths.append(kept)
+    for key, value in rnd.events.items():
+        stats.extra[key] = stats.extra.get(key, 0) + value
     if index == 0:
         stats.prefill_s += rnd.verify_s
     else:

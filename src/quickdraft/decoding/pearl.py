@@ -1,0 +1,247 @@
+"""PEARL (Liu et al., arXiv 2408.11850): draft and target run at the same time, draft length adapts.
+
+The algorithm is a small state machine (`PearlLogic`) that knows nothing of models or processes.
+Each round it names a draft job (continue a context by gamma tokens) and a target job (feed some
+tokens, get rows of p); `judge` turns the target's rows into a verdict; `apply` commits it. The
+same logic drives `PearlDecoder` (both halves one after the other, in one process: the reference)
+and the two-process runner in `quickdraft.decoding.pearl_parallel`.
+
+Round kinds (notes section 1.2):
+- ``pre``   draft gamma tokens from the committed text || target forward over the last committed
+            token (1 row): pre-verify the first draft token; accept -> the rest becomes pending.
+- ``post``  draft gamma new tokens after committed + pending || target forward over the last
+            committed token + pending (len(pending) + 1 rows): verify pending + the first new draft.
+            All accepted: no bonus token, keep going; a rejection drops everything after it.
+- ``draft`` (pre-verify off) the draft alone drafts gamma tokens, which become pending.
+- ``verify``(post-verify off) the target alone verifies pending, with a bonus token.
+With both ablations off the rounds alternate draft/verify: exactly vanilla speculative decoding.
+
+Every committed token passes the standard single-token speculative-sampling test against the exact
+target distribution at its position, so the method is lossless.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.decoding.common import Generators, prefill_step
+from quickdraft.drafters.base import Drafter
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.sampling import logits_to_probs
+from quickdraft.types import Proposal, Round
+from quickdraft.verifiers import Verifier
+
+
+@dataclass(frozen=True)
+class PearlConfig:
+    """gamma: the window (draft tokens per round); None = chosen from measured forward costs.
+    pre_verify / post_verify: the paper's two mechanisms (turn one off for its ablation)."""
+
+    gamma: int | None = None
+    pre_verify: bool = True
+    post_verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
+            raise QuickdraftError(f"PEARL gamma must be an integer >= 1 (or auto), got {self.gamma!r}")
+
+
+@dataclass
+class PearlVerdict:
+    """What the target side decided: accepted count and the correction/bonus token (-1 = none)."""
+
+    num_accepted: int
+    next_token: int
+
+
+class PearlLogic:
+    """The PEARL state machine for one sequence (no models, no processes, no clocks)."""
+
+    def __init__(
+        self,
+        committed: Sequence[int],
+        gamma: int,
+        pre_verify: bool = True,
+        post_verify: bool = True,
+        max_length: int | None = None,
+    ):
+        self.committed = list(committed)
+        self.max_length = max_length  # committed length at which generation ends (drafts stop there)
+        self.pending: list[int] = []
+        self.pending_q: list[torch.Tensor] | None = []
+        self.gamma, self.pre_verify, self.post_verify = gamma, pre_verify, post_verify
+        self.kind = self._start_kind
+        self.current_run = 0  # tokens committed since the last rejection (PEARL's own MAT)
+
+    @property
+    def _start_kind(self) -> str:
+        return "pre" if self.pre_verify else "draft"
+
+    def draft_job(self) -> tuple[list[int], int] | None:
+        """(context, k) for the draft this round, or None when the draft idles. k is gamma, cut so
+        that nothing is drafted past the end (a draft-only round leaves room for the bonus token)."""
+        if self.kind == "verify":
+            return None
+        context = self.committed + self.pending
+        k = self.gamma
+        if self.max_length is not None:
+            k = min(k, self.max_length - len(context) - (1 if self.kind == "draft" else 0))
+        return context, max(0, k)
+
+    def target_job(self) -> list[int] | None:
+        """Tokens the target feeds this round (its cache holds committed[:-1]), or None."""
+        if self.kind == "draft":
+            return None
+        return [self.committed[-1]] + ([] if self.kind == "pre" else self.pending)
+
+    def candidates(self, drafted: list[int], drafted_q: torch.Tensor | None):
+        """Tokens judged this round, their (m, V) q rows (None if deterministic) and whether the
+        target's last row is free for a bonus token (verify rounds, or a round whose draft is empty)."""
+        pending_q = torch.stack(self.pending_q) if self.pending and self.pending_q is not None else None
+        if self.kind == "pre" and not drafted:
+            return [], None, True  # nothing drafted: a plain decoding step
+        if self.kind == "verify" or (self.kind == "post" and not drafted):
+            return list(self.pending), pending_q, True
+        if self.kind == "pre":
+            return drafted[:1], None if drafted_q is None else drafted_q[:1], False
+        if self.kind == "post":
+            if drafted_q is None:
+                return self.pending + drafted[:1], None, False
+            q = drafted_q[:1] if pending_q is None else torch.cat([pending_q, drafted_q[:1]])
+            return self.pending + drafted[:1], q, False
+        raise QuickdraftError(f"nothing to judge in a {self.kind!r} round")
+
+    def judge(
+        self,
+        drafted: list[int],
+        drafted_q: torch.Tensor | None,
+        p_rows: torch.Tensor,
+        verifier: Verifier,
+        generator: torch.Generator | None,
+    ) -> PearlVerdict:
+        """Run the verifier on this round's candidates.
+
+        Args:
+            drafted: this round's new draft tokens (empty in a verify round).
+            drafted_q: (len(drafted), V) their q rows, or None for deterministic drafts.
+            p_rows: (len(target_job()), V) processed target probabilities from the target's forward.
+        """
+        cand, q, bonus = self.candidates(drafted, drafted_q)
+        m = len(cand)
+        if p_rows.shape[0] != m + (1 if bonus else 0):
+            raise QuickdraftError(f"PEARL {self.kind} round: {p_rows.shape[0]} rows of p for {m} candidates")
+        rows = p_rows if bonus else torch.cat([p_rows, p_rows[-1:]])  # a dummy bonus row, never used
+        tokens = torch.tensor([cand], dtype=torch.long)
+        verdict = verifier(tokens, None if q is None else q.unsqueeze(0), rows.unsqueeze(0), generator)
+        n = int(verdict.num_accepted[0])
+        return PearlVerdict(n, int(verdict.next_tokens[0]) if (n < m or bonus) else -1)
+
+    def apply(self, verdict: PearlVerdict | None, drafted: list[int], drafted_q: torch.Tensor | None) -> Round | None:
+        """Commit a round's outcome; returns its Round (None for a draft-only round)."""
+        q_rows = None if drafted_q is None else list(drafted_q)
+        if self.kind == "draft":
+            self.pending, self.pending_q = list(drafted), q_rows
+            self.kind = "post" if self.post_verify else "verify"
+            return None
+        assert verdict is not None
+        cand, _, _ = self.candidates(drafted, drafted_q)
+        n, m = verdict.num_accepted, len(cand)
+        new = cand[:n] + ([verdict.next_token] if verdict.next_token >= 0 else [])
+        self.committed += new
+        self.current_run += len(new)
+        events: dict[str, int] = {}
+        if self.kind in ("pre", "post") and n == m:  # all accepted: the rest of the new draft is pending
+            self.pending = list(drafted[1:])
+            self.pending_q = None if q_rows is None else q_rows[1:]
+            self.kind = "post" if self.post_verify else ("verify" if self.pending else self._start_kind)
+        else:
+            if n < m:  # a rejection ends PEARL's run of accepted tokens (correction token included)
+                events = {"pearl_runs": 1, "pearl_run_tokens": self.current_run}
+                self.current_run = 0
+            self.pending, self.pending_q = [], None
+            self.kind = self._start_kind
+        return Round(new, num_draft_tokens=m, num_accepted=n, events=events)
+
+    @property
+    def target_cache_length(self) -> int:
+        """What the target cache must hold after a round: the committed text minus its last token."""
+        return len(self.committed) - 1
+
+
+def measure_gamma(target: CachedModel, draft_step, repeats: int = 5) -> int:
+    """gamma = round(target step time / draft step time) (nano-PEARL's auto_set_gamma, at batch 1)."""
+    probe = list(range(10, 74))
+    target.reset()
+    target.extend(probe)
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    def target_step() -> None:
+        target.extend([probe[-1]])
+        target.rollback(len(probe))
+
+    t_target, t_draft = timed(target_step), timed(draft_step)
+    target.reset()
+    return max(1, min(16, round(t_target / max(t_draft, 1e-6))))
+
+
+class PearlDecoder:
+    """PEARL run sequentially in one process (method "pearl"): the reference the parallel runner
+    must match token for token. It is not faster than vanilla SD (nothing overlaps); it is exact."""
+
+    name = "pearl"
+
+    def __init__(self, target: CachedModel, drafter: Drafter, verifier: Verifier, config: PearlConfig, gamma: int):
+        self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
+        self.lossy = verifier.lossy
+
+    def rounds(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
+    ) -> Iterator[Round]:
+        self.drafter.begin(prompt_ids)
+        first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        yield first
+        logic = PearlLogic(
+            list(prompt_ids) + first.tokens,
+            self.gamma,
+            self.config.pre_verify,
+            self.config.post_verify,
+            max_length=len(prompt_ids) + max_new_tokens,
+        )
+        draft_s = 0.0
+        while True:
+            drafted, drafted_q, draft_s = self._draft(logic, sampling, generators, draft_s)
+            feed = logic.target_job()
+            if feed is None:  # draft-only round
+                logic.apply(None, drafted, drafted_q)
+                continue
+            start = time.perf_counter()
+            p = logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
+            verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators.target)
+            rnd = logic.apply(verdict, drafted, drafted_q)
+            self.target.rollback(logic.target_cache_length)
+            rnd.draft_s, rnd.verify_s, draft_s = draft_s, time.perf_counter() - start, 0.0
+            yield rnd
+
+    def _draft(self, logic: PearlLogic, sampling, generators, draft_s: float):
+        job = logic.draft_job()
+        if job is None:
+            return [], None, draft_s
+        start = time.perf_counter()
+        context, k = job
+        if k == 0:
+            return [], None, draft_s
+        proposal: Proposal = self.drafter.propose(context, k, sampling, generators.draft, None)
+        return proposal.tokens.tolist(), proposal.q_probs, draft_s + time.perf_counter() - start
