@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_decoding import PROMPTS, _assert_cache_equals_fresh_prefill
+from test_distribution import V, _chains, _pair_pvalues
 
-from conftest import MarkovModel, noisy_copy, random_transition, tiny_llama
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
@@ -15,8 +16,8 @@ from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.verifiers import SpeculativeSampling, make_verifier
-from test_decoding import PROMPTS, _assert_cache_equals_fresh_prefill
-from test_distribution import V, _chains, _pair_pvalues
+
+from conftest import MarkovModel, noisy_copy, random_transition, tiny_llama
 
 GREEDY = SamplingConfig()
 ABLATIONS = [(True, True), (True, False), (False, True), (False, False)]
@@ -103,9 +104,7 @@ def test_pearl_mean_accepted_tokens_counts_runs_up_to_each_rejection():
 def test_state_machine_conserves_tokens_and_caches_follow():
     target = tiny_llama(dtype=torch.float64)
     cached = CachedModel(target.model)
-    dec = PearlDecoder(
-        cached, _drafter(target, "noisy"), make_verifier(None, GREEDY), PearlConfig(gamma=3), 3
-    )
+    dec = PearlDecoder(cached, _drafter(target, "noisy"), make_verifier(None, GREEDY), PearlConfig(gamma=3), 3)
     prompt = [3, 1, 4]
     committed = list(prompt)
     rounds = dec.rounds(prompt, GREEDY, 60, Generators.from_seed(0))
@@ -124,7 +123,10 @@ def test_state_machine_conserves_tokens_and_caches_follow():
 def test_logic_truth_table():
     logic = PearlLogic([1, 2], gamma=3)
     assert logic.kind == "pre" and logic.draft_job() == ([1, 2], 3)
-    assert PearlLogic([1, 2], gamma=3, max_length=4).draft_job() == ([1, 2], 2)  # never past the end and logic.target_job() == [2]
+    assert PearlLogic([1, 2], gamma=3, max_length=4).draft_job() == (
+        [1, 2],
+        2,
+    )  # never past the end and logic.target_job() == [2]
     # PRE accept: d1 committed, d2 d3 pending, POST next
     rnd = logic.apply(PearlVerdict(1, -1), [7, 8, 9], None)
     assert rnd.tokens == [7] and logic.pending == [8, 9] and logic.kind == "post"
@@ -181,7 +183,9 @@ def test_pearl_law_test_fails_for_a_broken_verifier():
     out = []
     for i in range(N // 2):
         dec = PearlDecoder(MarkovModel(p), ModelDrafter(MarkovModel(q)), Broken(), PearlConfig(gamma=2), 2)
-        out.append(collect(dec.rounds([0], sampling, 5, Generators.from_seed(i)), StopConfig(max_new_tokens=5)).token_ids)
+        out.append(
+            collect(dec.rounds([0], sampling, 5, Generators.from_seed(i)), StopConfig(max_new_tokens=5)).token_ids
+        )
     assert min(_pair_pvalues(out, 0, p, 5)) < 1e-12
     assert V == 6
     _ = random_transition

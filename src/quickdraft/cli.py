@@ -11,6 +11,7 @@ import json
 import sys
 
 from quickdraft.config import DTYPES, DraftConfig
+from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.errors import QuickdraftError
 
 
@@ -21,7 +22,16 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_decode_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="sd", choices=("ar", "sd"), help="ar = plain decoding, sd = speculative")
+    p.add_argument(
+        "--method",
+        default="sd",
+        choices=("ar", "sd", "pearl"),
+        help="ar = plain decoding, sd = speculative, pearl = PEARL (draft and target at the same time)",
+    )
+    p.add_argument("--gamma", default="auto", help="PEARL window: an integer or auto (measured; default)")
+    p.add_argument("--parallel", action="store_true", help="PEARL in two worker processes (1 core each at least)")
+    p.add_argument("--no-pre-verify", action="store_true", help="PEARL ablation: turn pre-verify off")
+    p.add_argument("--no-post-verify", action="store_true", help="PEARL ablation: turn post-verify off")
     p.add_argument(
         "--drafter",
         default="ngram",
@@ -113,6 +123,10 @@ def _format_stats(stats: dict) -> str:
         f"tokens/s                {stats['tokens_per_s']:.2f}  (wall {stats['wall_s']:.2f} s: prefill "
         f"{stats['prefill_s']:.2f}, drafting {stats['draft_s']:.2f}, verifying {stats['verify_s']:.2f})",
     ]
+    extra = stats.get("extra") or {}
+    if extra.get("pearl_runs"):
+        mat = extra["pearl_run_tokens"] / extra["pearl_runs"]
+        lines.append(f"PEARL mean accepted     {mat:.3f}  (tokens per run of accepts up to a rejection; PEARL's own MAT)")
     if stats["lossy"]:
         lines.append(
             f"verification            LOSSY ({stats.get('verifier', 'lenient')}: "
@@ -129,27 +143,35 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
     draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold)
-    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft, verifier=args.verifier)
+    try:
+        gamma = None if args.gamma == "auto" else int(args.gamma)
+    except ValueError:
+        raise QuickdraftError(f"--gamma must be an integer or auto, got {args.gamma!r}") from None
+    pearl = PearlConfig(gamma, not args.no_pre_verify, not args.no_post_verify, args.parallel)
+    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft, verifier=args.verifier, pearl=pearl)
     if args.verifier is not None:  # validate the name before the model load
         from quickdraft.verifiers import make_verifier
 
         make_verifier(args.verifier, SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))
     engine = Engine.load(args.target, config, args.dtype, args.threads)
-    result = engine.generate(
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop=args.stop,
-        raw=args.raw,
-    )
+    try:
+        result = engine.generate(
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=args.stop,
+            raw=args.raw,
+        )
+    finally:
+        engine.close()
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
     print(result.text)
-    label = "plain decoding" if args.method == "ar" else f"speculative, drafter {engine.drafter.name}"
+    label = "plain decoding" if args.method == "ar" else f"{args.method}, drafter {engine.drafter.name}"
     print(f"\n--- {engine.target_info.name} ({args.dtype}), {label}, finish_reason={result.finish_reason}")
     print(_format_stats(result.stats.to_dict()))
     return 0

@@ -15,7 +15,7 @@ from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.collect import Collector, run_to_end
-from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, measure_gamma
+from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_costs, step_seconds
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -50,6 +50,8 @@ class Engine:
     ) -> None:
         self.target_info = target
         self.config = config
+        self.dtype = dtype
+        self._parallel = None
         self.target = CachedModel(target.model, target.vocab_size)
         if config.method == "ar":
             self.drafter = None
@@ -115,20 +117,11 @@ class Engine:
         if self.config.pearl.gamma is not None:
             return self.config.pearl.gamma
         if getattr(self, "_pearl_gamma", None) is None:
-            drafter = self.drafter
-            if not hasattr(drafter, "model"):
-                self._pearl_gamma = 4  # model-free drafters cost ~nothing; use the usual default
+            model = getattr(self.drafter, "model", None)
+            if model is None:  # model-free drafters cost ~nothing: use the usual default
+                self._pearl_gamma = 4
             else:
-                dm = drafter.model
-                dm.reset()
-                dm.extend(list(range(10, 74)))
-
-                def step() -> None:
-                    dm.extend([11])
-                    dm.rollback(64)
-
-                self._pearl_gamma = measure_gamma(self.target, step)
-                dm.reset()
+                self._pearl_gamma = gamma_from_costs(step_seconds(self.target), step_seconds(model))
         return self._pearl_gamma
 
     @property
@@ -153,8 +146,34 @@ class Engine:
         collector.stats.verifier = getattr(getattr(decoder, "verifier", None), "name", "")
         return rounds, collector
 
+    def parallel_runner(self):
+        """The two PEARL worker processes (started on first use; `close()` stops them)."""
+        if self._parallel is None:
+            from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
+
+            spec = ParallelSpec(
+                self.target_info.name,
+                self.config.drafter,
+                self.dtype,
+                self.config.pearl,
+                self.config.verifier,
+                split_cores(),
+            )
+            self._parallel = ParallelPearl(spec)
+        return self._parallel
+
+    def close(self) -> None:
+        """Stop worker processes, if any."""
+        if self._parallel is not None:
+            self._parallel.close()
+            self._parallel = None
+
     def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
         """Generate from token ids (validated against the context length)."""
+        if self.config.method == "pearl" and self.config.pearl.parallel:
+            self.check_length(len(prompt_ids), stop.max_new_tokens)
+            make_verifier(self.config.verifier, sampling)  # refuse bad combinations here, not in a worker
+            return self.parallel_runner().generate(list(prompt_ids), sampling, stop)
         return run_to_end(*self._start(prompt_ids, sampling, stop))
 
     def stream_ids(
@@ -162,6 +181,8 @@ class Engine:
     ) -> Iterator[tuple[list[int], Collector]]:
         """Yield (tokens added, collector) after every round, in order; stopping the iteration early
         (close()) ends the generation within that round. `collector.result()` gives the totals."""
+        if self.config.method == "pearl" and self.config.pearl.parallel:
+            raise QuickdraftError("parallel PEARL does not stream; use generate, or the sequential PEARL to stream")
         rounds, collector = self._start(prompt_ids, sampling, stop)
         try:
             for rnd in rounds:

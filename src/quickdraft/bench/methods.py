@@ -1,7 +1,8 @@
 """Benchmark methods: `NAME[:key=value,...]` specs -> objects with one `run(prompt_ids)` contract.
 
 Names: "ar" (plain decoding), "sd" (speculative decoding; keys drafter, draft_length, schedule,
-threshold) and the peer "hf-assisted" (transformers' own generate() with assistant_model= or
+threshold), "pearl" (keys drafter, gamma (default: measured), pre_verify, post_verify, parallel (0/1;
+parallel workers use 1 + 1 of the cores)) and the peer "hf-assisted" (transformers' generate() with assistant_model= or
 prompt_lookup_num_tokens=; keys drafter, draft_length, schedule).
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
+from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.drafters import make_drafter
 from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
@@ -22,6 +24,7 @@ KEYS = {
     "ar": set(),
     "sd": {"drafter", "draft_length", "schedule", "threshold"},
     "hf-assisted": {"drafter", "draft_length", "schedule"},
+    "pearl": {"drafter", "gamma", "pre_verify", "post_verify", "parallel"},
 }
 
 
@@ -83,6 +86,16 @@ class RunOutput:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
+    extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
+
+
+def _flag(spec: MethodSpec, key: str, default: bool) -> bool:
+    value = spec.get(key)
+    if value is None:
+        return default
+    if value not in ("0", "1", "true", "false"):
+        raise QuickdraftError(f"{spec.text}: {key} must be 0 or 1")
+    return value in ("1", "true")
 
 
 def _int(spec: MethodSpec, key: str, default: int) -> int:
@@ -102,7 +115,16 @@ class QuickdraftMethod:
             schedule=spec.get("schedule", "fixed"),
             confidence_threshold=float(spec.get("threshold", "0.4")),
         )
-        config = EngineConfig(method=spec.name, drafter=spec.get("drafter", "ngram"), draft=draft)
+        pearl = PearlConfig()
+        if spec.name == "pearl":
+            gamma = spec.get("gamma", "auto")
+            pearl = PearlConfig(
+                gamma=None if gamma == "auto" else _int(spec, "gamma", 4),
+                pre_verify=_flag(spec, "pre_verify", True),
+                post_verify=_flag(spec, "post_verify", True),
+                parallel=_flag(spec, "parallel", True),
+            )
+        config = EngineConfig(method=spec.name, drafter=spec.get("drafter", "ngram"), draft=draft, pearl=pearl)
         self.engine = Engine(target, config, dtype=dtype)
 
     @property
@@ -123,7 +145,11 @@ class QuickdraftMethod:
             s.drafted_per_position,
             s.accepted_per_position,
             s.accepted_lengths,
+            dict(s.extra),
         )
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 class HFAssisted:

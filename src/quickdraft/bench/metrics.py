@@ -57,7 +57,15 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
         "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos, strict=True)],
         "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
+        # PEARL's own "mean accepted tokens": tokens per run of accepts ending at a rejection
+        # (correction included). Not comparable with mean_accepted_tokens (per target forward).
+        "pearl_mean_accepted_tokens": _extra_ratio(rows, "pearl_run_tokens", "pearl_runs"),
     }
+
+
+def _extra_ratio(rows: list[dict], num: str, den: str) -> float | None:
+    d = sum(r.get("extra", {}).get(den, 0) for r in rows)
+    return sum(r.get("extra", {}).get(num, 0) for r in rows) / d if d else None
 
 
 def summarize(rows: list[dict], ar_method: str = "ar") -> dict:

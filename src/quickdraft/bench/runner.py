@@ -115,6 +115,9 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                     fh.write(json.dumps(row) + "\n")
                     bar.set_postfix_str(f"{text[:24]} {row['new_tokens'] / max(res.wall_s, 1e-9):.1f} tok/s")
                     bar.update()
+    for m in methods.values():  # stop worker processes (parallel PEARL)
+        if hasattr(m, "close"):
+            m.close()
     summary = summarize(rows)
     summary["config"] = asdict(config)
     summary["machine"] = machine_info()
@@ -131,7 +134,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     silent = [
         m
         for m, s in summary["methods"].items()
-        if methods[m].speculative and m.startswith("sd") and s["num_draft_tokens"] == 0
+        if methods[m].speculative and m.startswith(("sd", "pearl")) and s["num_draft_tokens"] == 0
     ]
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")

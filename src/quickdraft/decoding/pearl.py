@@ -41,11 +41,13 @@ from quickdraft.verifiers import Verifier
 @dataclass(frozen=True)
 class PearlConfig:
     """gamma: the window (draft tokens per round); None = chosen from measured forward costs.
-    pre_verify / post_verify: the paper's two mechanisms (turn one off for its ablation)."""
+    pre_verify / post_verify: the paper's two mechanisms (turn one off for its ablation).
+    parallel: run draft and target in two worker processes (else both halves in this process)."""
 
     gamma: int | None = None
     pre_verify: bool = True
     post_verify: bool = True
+    parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
@@ -174,27 +176,25 @@ class PearlLogic:
         return len(self.committed) - 1
 
 
-def measure_gamma(target: CachedModel, draft_step, repeats: int = 5) -> int:
-    """gamma = round(target step time / draft step time) (nano-PEARL's auto_set_gamma, at batch 1)."""
-    probe = list(range(10, 74))
-    target.reset()
-    target.extend(probe)
+def step_seconds(model: CachedModel, context: int = 64, repeats: int = 5) -> float:
+    """Median seconds of one single-token cached step after `context` tokens (the cache is reset)."""
+    probe = [i % model.vocab_size for i in range(3, 3 + context)]
+    model.reset()
+    model.extend(probe)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.extend(probe[-1:], last_only=True)
+        times.append(time.perf_counter() - start)
+        model.rollback(context)
+    model.reset()
+    return sorted(times)[len(times) // 2]
 
-    def timed(fn) -> float:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
 
-    def target_step() -> None:
-        target.extend([probe[-1]])
-        target.rollback(len(probe))
-
-    t_target, t_draft = timed(target_step), timed(draft_step)
-    target.reset()
-    return max(1, min(16, round(t_target / max(t_draft, 1e-6))))
+def gamma_from_costs(target_s: float, draft_s: float) -> int:
+    """gamma = round(target step / draft step), in [1, 16] (nano-PEARL's auto_set_gamma at batch 1):
+    drafting gamma tokens then takes as long as one target forward."""
+    return max(1, min(16, round(target_s / max(draft_s, 1e-6))))
 
 
 class PearlDecoder:

@@ -1,0 +1,102 @@
+"""Parallel PEARL (two gloo worker processes) equals the sequential state machine; failures are
+reported and clean up both workers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding.pearl import PearlConfig
+from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
+from quickdraft.engine import Engine, EngineConfig
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.loading import load_model
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores"),
+]
+
+PROMPTS = [[5, 6, 7, 8], [9, 9, 9], [10, 20, 10, 20, 10]]
+
+
+def _spec(model_dir, drafter="truncated:1", **pearl):
+    cfg = PearlConfig(**{"gamma": 3, **pearl})
+    return ParallelSpec(model_dir, drafter, "float32", cfg, None, split_cores())
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(seed=0), SamplingConfig(temperature=1.0, seed=5)])
+def test_parallel_equals_sequential(tiny_model_dir, sampling):
+    target = load_model(tiny_model_dir, "float32")
+    seq = Engine(
+        target, EngineConfig(method="pearl", drafter="truncated:1", pearl=PearlConfig(gamma=3)), dtype="float32"
+    )
+    with ParallelPearl(_spec(tiny_model_dir)) as par:
+        assert par.gamma == 3
+        for prompt in PROMPTS:
+            stop = StopConfig(40, target.eos_token_ids)
+            a = seq.generate_ids(prompt, sampling, stop)
+            b = par.generate(prompt, sampling, stop)
+            assert b.token_ids == a.token_ids
+            assert b.stats.accepted_lengths == a.stats.accepted_lengths
+            assert b.stats.num_draft_tokens == a.stats.num_draft_tokens > 0
+        procs = list(par.procs)
+    assert all(not p.is_alive() for p in procs)
+
+
+def test_auto_gamma_and_engine_method(tiny_model_dir):
+    target = load_model(tiny_model_dir, "float32")
+    eng = Engine(
+        target, EngineConfig(method="pearl", drafter="truncated:1", pearl=PearlConfig(parallel=True)), dtype="float32"
+    )
+    try:
+        res = eng.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids))
+        assert 1 <= eng.parallel_runner().gamma <= 16
+        ref = Engine(target, EngineConfig(method="ar"), dtype="float32")
+        assert (
+            res.token_ids
+            == ref.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids)).token_ids
+        )
+        with pytest.raises(QuickdraftError, match="stream"):
+            next(eng.stream_ids([5, 6], SamplingConfig(), StopConfig(4)))
+    finally:
+        eng.close()
+
+
+def test_a_failing_worker_is_reported_and_both_stop(tiny_model_dir):
+    with pytest.raises(QuickdraftError, match="draft worker failed: .*not found"):
+        ParallelPearl(_spec(tiny_model_dir, drafter="model:/nonexistent/draft"))
+
+
+def test_a_killed_worker_mid_generation_stops_the_other(tiny_model_dir):
+    par = ParallelPearl(_spec(tiny_model_dir))
+    procs = list(par.procs)
+    errors = []
+
+    def run():
+        try:
+            for _ in range(200):
+                par.generate([5, 6, 7], SamplingConfig(temperature=1.0, seed=1), StopConfig(400))
+        except QuickdraftError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.0)
+    procs[1].kill()  # the draft dies mid-generation
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert errors and "draft" in errors[0]
+    for p in procs:
+        p.join(timeout=10)
+        assert not p.is_alive()
+
+
+def test_one_core_is_refused_clearly():
+    with pytest.raises(QuickdraftError, match="at least 2 CPU cores"):
+        split_cores({0})
+    assert split_cores({0, 1, 2}) == ((0, 1), (2,))
