@@ -126,7 +126,7 @@ def _format_stats(stats: dict) -> str:
     extra = stats.get("extra") or {}
     if extra.get("pearl_runs"):
         mat = extra["pearl_run_tokens"] / extra["pearl_runs"]
-        lines.append(f"PEARL mean accepted     {mat:.3f}  (tokens per run of accepts up to a rejection; PEARL's own MAT)")
+        lines.append(f"PEARL mean accepted     {mat:.3f}  (tokens per run of accepts up to a rejection)")
     if stats["lossy"]:
         lines.append(
             f"verification            LOSSY ({stats.get('verifier', 'lenient')}: "
