@@ -64,7 +64,8 @@ def test_parse_methods():
     specs = parse_methods("ar,sd:drafter=model:/x/y,draft_length=3,hf-assisted:drafter=ngram,sd")
     assert [s.text for s in specs] == ["ar", "sd:drafter=model:/x/y,draft_length=3", "hf-assisted:drafter=ngram", "sd"]
     for bad, msg in [
-        ("pearl", "unknown method"),
+        ("medusa", "unknown method"),
+        ("pearl:draft_length=2", "no option"),
         ("sd:gamma=3", "no option"),
         ("sd:drafter", "key=value"),
         ("", "no methods"),

@@ -76,7 +76,7 @@ def test_bad_requests_are_clear_errors():
     with pytest.raises(QuickdraftError, match="max_new_tokens"):
         sd.generate("abc", max_new_tokens=0)
     with pytest.raises(QuickdraftError, match="unknown method"):
-        EngineConfig(method="pearl")
+        EngineConfig(method="medusa")
     assert sd.generate("abc", max_new_tokens=3).stats.num_new_tokens == 3  # still healthy
 
 
