@@ -396,3 +396,10 @@ def test_cli_distill_resumes_and_evaluates(tiny_model_dir, tmp_path, capsys):
     )
     assert rc == 0 and len((tmp_path / "p.jsonl").read_text().splitlines()) == 3
     assert main(["distill", "--target", tiny_model_dir, "--data", data, "--output", str(out), "--mix", "web=1"]) == 2
+
+
+def test_no_shipped_draft_for_other_targets_is_a_clear_error():
+    from quickdraft.drafters import make_drafter
+
+    with pytest.raises(QuickdraftError, match="no distilled draft ships"):
+        make_drafter("distilled", tiny_llama(vocab=32))
