@@ -300,10 +300,14 @@ class ParallelPearl:
             raise QuickdraftError("the PEARL workers are closed")
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
         job = (list(prompt_ids), sampling, stop, seed)
+        import time
+
+        start = time.perf_counter()
         for q in self.jobs:
             q.put(job)
-        msg = self._wait(timeout_s)
-        return msg[1]
+        result = self._wait(timeout_s)[1]
+        result.stats.wall_s = time.perf_counter() - start  # measured here: hand-off and return included
+        return result
 
     def close(self) -> None:
         """Stop both workers (politely, then by force); never leaves a process behind."""
