@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import residual, sample
 from quickdraft.types import Verdict
+from quickdraft.verifiers.speculative import speculative_verify
 
 
 def lenient_verify(
@@ -27,27 +27,7 @@ def lenient_verify(
     """Lossy verification of (B, k) drafts; shapes as in `speculative_verify`; lenience l in (0, 1]."""
     if not 0 < lenience <= 1:
         raise QuickdraftError(f"lenience must be in (0, 1], got {lenience}")
-    B, k = draft_tokens.shape
-    V = p_probs.shape[-1]
-    valid = (draft_tokens >= 0) & (draft_tokens < V)
-    safe = draft_tokens.clamp(0, V - 1).unsqueeze(-1)
-    p_d = p_probs[:, :k].gather(-1, safe).squeeze(-1)  # (B, k)
-    if q_probs is None:
-        q_full = torch.zeros_like(p_probs[:, :k]).scatter_(-1, safe, 1.0)
-    else:
-        q_full = q_probs.to(p_probs.dtype)
-    q_d = q_full.gather(-1, safe).squeeze(-1)
-    u = torch.rand((B, k), generator=generator, dtype=p_probs.dtype)
-    accept = valid & (p_d > 0) & (u < p_d / (lenience * q_d).clamp_min(torch.finfo(p_d.dtype).tiny))
-    num_accepted = accept.long().cumprod(-1).sum(-1)
-    rows = torch.arange(B)
-    p_next = p_probs[rows, num_accepted]
-    q_next = torch.zeros_like(p_next)
-    rejected = num_accepted < k
-    if rejected.any():
-        r = rows[rejected]
-        q_next[r] = lenience * q_full[r, num_accepted[rejected]]
-    return Verdict(num_accepted=num_accepted, next_tokens=sample(residual(p_next, q_next), generator))
+    return speculative_verify(draft_tokens, q_probs, p_probs, generator, lenience)
 
 
 class LenientVerifier:

@@ -20,6 +20,7 @@ def speculative_verify(
     q_probs: torch.Tensor | None,
     p_probs: torch.Tensor,
     generator: torch.Generator | None,
+    lenience: float = 1.0,
 ) -> Verdict:
     """Accept or reject a batch of drafts against the target.
 
@@ -28,6 +29,8 @@ def speculative_verify(
         q_probs: (B, k, V) processed draft probabilities the drafts were sampled from, or None.
         p_probs: (B, k+1, V) processed target probabilities; row i scores draft i, row k the bonus.
         generator: the acceptance stream (uniforms and correction/bonus samples).
+        lenience: l in (0, 1]; 1 is the lossless rule. l < 1 is DistillSpec's LOSSY lenient rule:
+            accept with min(1, p / (l q)), correct from norm(max(0, p - l q)) (see verifiers.lenient).
 
     Returns:
         Verdict with num_accepted (B,) and next_tokens (B,).
@@ -40,7 +43,7 @@ def speculative_verify(
     q_d = torch.ones_like(p_d) if q_probs is None else q_probs.gather(-1, safe).squeeze(-1)
     u = torch.rand((B, k), generator=generator, dtype=p_probs.dtype)
     # strict "<": a token with p = 0 is never accepted, even when u == 0
-    accept = valid & (u < p_d / q_d.clamp_min(torch.finfo(p_d.dtype).tiny))
+    accept = valid & (u < p_d / (lenience * q_d).clamp_min(torch.finfo(p_d.dtype).tiny))
     num_accepted = accept.long().cumprod(-1).sum(-1)  # (B,)
 
     rows = torch.arange(B)
@@ -53,9 +56,9 @@ def speculative_verify(
         if q_probs is None:
             tok = draft_tokens[r, pos]
             ok = valid[r, pos]
-            q_next[r[ok], tok[ok]] = 1.0
+            q_next[r[ok], tok[ok]] = lenience
         else:
-            q_next[r] = q_probs[r, pos].to(q_next.dtype)
+            q_next[r] = lenience * q_probs[r, pos].to(q_next.dtype)
     next_tokens = sample(residual(p_next, q_next), generator)
     return Verdict(num_accepted=num_accepted, next_tokens=next_tokens)
 
