@@ -143,9 +143,13 @@ def test_logic_truth_table():
     assert rnd.tokens == [11] and logic.kind == "pre" and logic.committed[-1] == 11
 
 
-def test_gamma_validation():
+def test_gamma_validation_and_auto_rule():
     with pytest.raises(QuickdraftError):
         PearlConfig(gamma=0)
+    from quickdraft.decoding.pearl import DEFAULT_GAMMA, gamma_from_costs
+
+    assert gamma_from_costs(0.040, 0.010) == 4 and gamma_from_costs(0.040, 0.001) == 16
+    assert gamma_from_costs(0.040, None) == DEFAULT_GAMMA  # model-free drafters, sequential and parallel alike
 
 
 N = 6000

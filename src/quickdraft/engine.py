@@ -52,6 +52,7 @@ class Engine:
         self.config = config
         self.dtype = dtype
         self._parallel = None
+        self._pearl_gamma: int | None = None
         self.target = CachedModel(target.model, target.vocab_size)
         if config.method == "ar":
             self.drafter = None
@@ -116,12 +117,9 @@ class Engine:
         """PEARL's window: the configured one, else measured once (target step / draft step)."""
         if self.config.pearl.gamma is not None:
             return self.config.pearl.gamma
-        if getattr(self, "_pearl_gamma", None) is None:
+        if self._pearl_gamma is None:
             model = getattr(self.drafter, "model", None)
-            if model is None:  # model-free drafters cost ~nothing: use the usual default
-                self._pearl_gamma = 4
-            else:
-                self._pearl_gamma = gamma_from_costs(step_seconds(self.target), step_seconds(model))
+            self._pearl_gamma = gamma_from_costs(step_seconds(self.target), model and step_seconds(model))
         return self._pearl_gamma
 
     @property

@@ -191,9 +191,15 @@ def step_seconds(model: CachedModel, context: int = 64, repeats: int = 5) -> flo
     return sorted(times)[len(times) // 2]
 
 
-def gamma_from_costs(target_s: float, draft_s: float) -> int:
+DEFAULT_GAMMA = 4  # for drafters with no model (prompt lookup): their steps cost ~nothing to measure
+
+
+def gamma_from_costs(target_s: float, draft_s: float | None) -> int:
     """gamma = round(target step / draft step), in [1, 16] (nano-PEARL's auto_set_gamma at batch 1):
-    drafting gamma tokens then takes as long as one target forward."""
+    drafting gamma tokens then takes as long as one target forward. draft_s None (a model-free
+    drafter) gives DEFAULT_GAMMA."""
+    if draft_s is None:
+        return DEFAULT_GAMMA
     return max(1, min(16, round(target_s / max(draft_s, 1e-6))))
 
 

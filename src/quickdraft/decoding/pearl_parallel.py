@@ -16,11 +16,13 @@ import os
 import queue
 import signal
 import socket
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from quickdraft.config import SamplingConfig, StopConfig
@@ -69,16 +71,15 @@ def _worker(rank: int, spec: ParallelSpec, port: int, jobs, results) -> None:
     try:
         os.sched_setaffinity(0, set(spec.cores[rank]))
         torch.set_num_threads(len(spec.cores[rank]))
-        import torch.distributed as dist
-
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=600)
         )
         role = _TargetRole(spec) if rank == TARGET else _DraftRole(spec)
         costs = torch.zeros(2, dtype=torch.float64)
-        costs[rank] = role.step_seconds()
+        costs[rank] = role.step_seconds() or -1.0  # -1: a drafter with no model
         dist.all_reduce(costs)
-        gamma = spec.pearl.gamma or gamma_from_costs(float(costs[TARGET]), float(costs[DRAFT]))
+        draft_s = float(costs[DRAFT]) if costs[DRAFT] > 0 else None
+        gamma = spec.pearl.gamma or gamma_from_costs(float(costs[TARGET]), draft_s)
         if rank == TARGET:
             results.put(("ready", gamma, costs.tolist()))
         while True:
@@ -99,23 +100,17 @@ def _worker(rank: int, spec: ParallelSpec, port: int, jobs, results) -> None:
 
 class _Role:
     def __init__(self, spec: ParallelSpec) -> None:
-        from quickdraft.models.cached_model import CachedModel
         from quickdraft.models.loading import load_model
 
         self.spec = spec
         self.target_loaded = load_model(spec.target, spec.dtype)
-        self.CachedModel = CachedModel
 
     @staticmethod
     def _send(t: torch.Tensor, dst: int) -> None:
-        import torch.distributed as dist
-
         dist.send(t.contiguous(), dst)
 
     @staticmethod
     def _recv(shape, dtype, src: int) -> torch.Tensor:
-        import torch.distributed as dist
-
         t = torch.empty(shape, dtype=dtype)
         dist.recv(t, src)
         return t
@@ -127,12 +122,11 @@ class _DraftRole(_Role):
         from quickdraft.drafters import make_drafter
 
         self.drafter = make_drafter(spec.drafter, self.target_loaded, spec.dtype)
-        self.vocab = self.target_loaded.vocab_size
         del self.target_loaded  # the draft worker keeps only the draft
 
-    def step_seconds(self) -> float:
+    def step_seconds(self) -> float | None:
         model = getattr(self.drafter, "model", None)
-        return step_seconds(model) if model is not None else 1e-4
+        return step_seconds(model) if model is not None else None
 
     def run(self, job, gamma: int) -> None:
         from quickdraft.decoding.common import Generators
@@ -170,10 +164,11 @@ class _DraftRole(_Role):
 class _TargetRole(_Role):
     def __init__(self, spec: ParallelSpec) -> None:
         super().__init__(spec)
+        from quickdraft.models.cached_model import CachedModel
         from quickdraft.verifiers import make_verifier
 
         self.loaded = self.target_loaded
-        self.target = self.CachedModel(self.loaded.model, self.loaded.vocab_size)
+        self.target = CachedModel(self.loaded.model, self.loaded.vocab_size)
         self.make_verifier = make_verifier
 
     def step_seconds(self) -> float:
@@ -199,8 +194,6 @@ class _TargetRole(_Role):
         logic = PearlLogic(
             prompt + first.tokens, gamma, cfg.pre_verify, cfg.post_verify, len(prompt) + stop.max_new_tokens
         )
-        import time
-
         while True:
             start = time.perf_counter()
             feed = logic.target_job()
@@ -211,9 +204,7 @@ class _TargetRole(_Role):
                 header = self._recv((size,), torch.long, DRAFT).tolist()
                 drafted = header[2 : 2 + header[0]]
                 if header[1]:
-                    q = self._recv(
-                        (header[0], p.shape[-1] if p is not None else self.loaded.vocab_size), torch.float32, DRAFT
-                    )
+                    q = self._recv((header[0], self.target.vocab_size), torch.float32, DRAFT)
             if feed is None:
                 logic.apply(None, drafted, q)
                 continue
@@ -252,8 +243,6 @@ class ParallelPearl:
 
     def _wait(self, timeout_s: float):
         """Next message from the workers; a dead worker or an error stops both and raises."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -300,8 +289,6 @@ class ParallelPearl:
             raise QuickdraftError("the PEARL workers are closed")
         seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
         job = (list(prompt_ids), sampling, stop, seed)
-        import time
-
         start = time.perf_counter()
         for q in self.jobs:
             q.put(job)
