@@ -358,13 +358,10 @@ def test_cli_distill_resumes_and_evaluates(tiny_model_dir, tmp_path, capsys):
     assert meta["num_layers"] == 1 and "--steps 4" in meta["command"]
     assert main([*base, "--steps", "6", "--divergence", "tvd"]) == 2
     assert "different divergence" in capsys.readouterr().err
+    evaluate = ["distill-eval", "--target", tiny_model_dir, "--data", data]
     rc = main(
         [
-            "distill-eval",
-            "--target",
-            tiny_model_dir,
-            "--data",
-            data,
+            *evaluate,
             "--examples",
             "4",
             "--drafter",
@@ -381,11 +378,7 @@ def test_cli_distill_resumes_and_evaluates(tiny_model_dir, tmp_path, capsys):
     assert all(0 <= r[s]["expected_acceptance"] <= 1 and r[s]["tokens"] > 0 for r in res for s in ("fixed", "target"))
     rc = main(
         [
-            "distill-eval",
-            "--target",
-            tiny_model_dir,
-            "--data",
-            data,
+            *evaluate,
             "--examples",
             "3",
             "--drafter",
