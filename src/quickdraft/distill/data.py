@@ -42,6 +42,7 @@ class Batch:
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     source: str
+    p_top: tuple[torch.Tensor, torch.Tensor] | None = None  # cached target top-k (ids, logp), (N, k) each
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -179,11 +180,16 @@ class FixedData:
 
 
 class Sampled:
-    """Responses sampled from a model (the target: SeqKD; the draft: on-policy), without gradient."""
+    """Responses sampled from a model (the target: SeqKD; the draft: on-policy), without gradient.
+
+    temperature 0 decodes greedily (the contexts greedy speculative decoding sees).
+    """
 
     def __init__(self, name: str, max_response_tokens: int, temperature: float = 1.0):
         if name not in ("target", "draft"):
             raise QuickdraftError(f"sampled data comes from 'target' or 'draft', got {name!r}")
+        if temperature < 0:
+            raise QuickdraftError(f"generation temperature must be >= 0, got {temperature}")
         self.name = name
         self.max_response_tokens = max_response_tokens
         self.temperature = temperature
@@ -195,13 +201,13 @@ class Sampled:
         model.eval()
         prompts = collate([ex.prompt for ex in examples], [[False] * len(ex.prompt) for ex in examples], pad_id, "")
         torch.manual_seed(generator_seed)  # HF generate samples from the global generator
+        greedy = self.temperature == 0
+        how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": self.temperature, "top_k": 0}
         out = model.generate(
             input_ids=prompts.input_ids,
             attention_mask=prompts.attention_mask,
-            do_sample=True,
-            temperature=self.temperature,
-            top_k=0,
             top_p=1.0,
+            **how,
             max_new_tokens=self.max_response_tokens,
             pad_token_id=pad_id,
             eos_token_id=list(eos_ids) or None,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from quickdraft.distill.cache import CachedData, topk_fkl
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix
 from quickdraft.distill.losses import LossProcessing, distill_loss, make_divergence
 from quickdraft.distill.student import Student, save_delta
@@ -30,7 +31,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
 
 # fields that must not change when a run is resumed
-_RESUME_KEYS = ("init", "divergence", "mix", "batch_size", "lr", "seed", "temperature", "top_k", "top_p")
+_RESUME_KEYS = ("init", "divergence", "mix", "cache", "batch_size", "lr", "seed", "temperature", "top_k", "top_p")
 
 
 @dataclass
@@ -50,6 +51,9 @@ class DistillConfig:
         gen_temperature: sampling temperature of the target/draft data generators.
         checkpoint_every: steps between checkpoints.
         seed: data order and sampling seed.
+        cache: comma-separated cache folders (`quickdraft distill-data`); when set, batches come from
+            them (target top-k log-probs stored, no target forward per step) instead of `mix`, and
+            the divergence is FKL(p_k || q) on the cached top k.
     """
 
     output: str
@@ -68,6 +72,7 @@ class DistillConfig:
     gen_temperature: float = 1.0
     checkpoint_every: int = 50
     seed: int = 0
+    cache: str = ""
     extra: dict = field(default_factory=dict)
 
 
@@ -90,7 +95,14 @@ class Distiller:
     """Owns the optimizer and the run folder; `train()` runs (or resumes) to `config.steps`."""
 
     def __init__(self, target: LoadedModel, student: Student, examples: Sequence[Example], config: DistillConfig):
-        if not examples:
+        self.cached: CachedData | None = None
+        if config.cache:
+            if config.divergence != "fkl" or config.top_k or config.top_p < 1:
+                raise QuickdraftError(
+                    "cached data stores the target's top k only: use --divergence fkl without --top-k/--top-p"
+                )
+            self.cached = CachedData([Path(f) for f in config.cache.split(",") if f])
+        elif not examples:
             raise QuickdraftError("distillation needs at least one training example")
         if config.batch_size < 1 or config.steps < 1:
             raise QuickdraftError("batch_size and steps must be >= 1")
@@ -181,8 +193,15 @@ class Distiller:
 
     # ---- training ----------------------------------------------------------------------------
     def make_batch(self, step: int) -> Batch:
-        """The batch of `step`: generator and examples drawn from (seed, step), so resuming is exact."""
+        """The batch of `step`: generator and examples drawn from (seed, step), so resuming is exact.
+
+        With a cache, the batch carries the target's top k as `batch.p_top` = (ids (N, k), logp (N, k)).
+        """
         rng = random.Random(self.config.seed * 1_000_003 + step)
+        if self.cached is not None:
+            batch, ids, logp = self.cached.batch(rng, self.config.batch_size, self.pad_id)
+            batch.p_top = (ids, logp)
+            return batch
         source = self.mixture.pick(rng)
         exs = [self.examples[rng.randrange(len(self.examples))] for _ in range(self.config.batch_size)]
         gen = self.mixture.generators[source]
@@ -198,11 +217,15 @@ class Distiller:
     def train_step(self, batch: Batch) -> tuple[float, float]:
         """One optimizer step on a batch; returns (loss, expected acceptance sum min(p, q))."""
         self.student.model.train()
-        with torch.no_grad():
-            p_logits = scored_logits(self.target.model, batch)
-        q_logits = scored_logits(self.student.model, batch)
-        mask = torch.ones(p_logits.shape[0], dtype=torch.bool)
-        loss, acc = distill_loss(p_logits, q_logits, mask, self.divergence, self.proc)
+        if batch.p_top is not None:
+            q_logits = scored_logits(self.student.model, batch)
+            loss, acc = topk_fkl(*batch.p_top, q_logits, self.config.temperature)
+        else:
+            with torch.no_grad():
+                p_logits = scored_logits(self.target.model, batch)
+            q_logits = scored_logits(self.student.model, batch)
+            mask = torch.ones(p_logits.shape[0], dtype=torch.bool)
+            loss, acc = distill_loss(p_logits, q_logits, mask, self.divergence, self.proc)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in self.student.model.parameters() if p.requires_grad], 1.0)
         self.optimizer.step()

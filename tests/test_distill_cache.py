@@ -1,0 +1,156 @@
+"""Cached distillation data: the stored top-k equals the target's, batches stay aligned, training from it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from quickdraft.distill import DistillConfig, Distiller, Example, make_student
+from quickdraft.distill.cache import CachedData, CacheSpec, build_cache, topk_fkl
+from quickdraft.distill.data import Sampled
+from quickdraft.distill.losses import fkl
+from quickdraft.distill.trainer import scored_logits
+from quickdraft.errors import QuickdraftError
+
+from conftest import tiny_llama
+
+
+def _examples(n: int = 10) -> list[Example]:
+    g = torch.Generator().manual_seed(5)
+    return [
+        Example(
+            torch.randint(3, 30, (3 + i % 4,), generator=g).tolist(),
+            torch.randint(3, 30, (2 + i % 5,), generator=g).tolist(),
+        )
+        for i in range(n)
+    ]
+
+
+def _build(tmp_path, source="fixed", n=10, top_k=32, name="cache", **kw):
+    target = tiny_llama(vocab=32, layers=2, seed=0, eos=None)
+    spec = CacheSpec(source=source, max_response_tokens=4, top_k=top_k, shard_size=4, **kw)
+    folder = build_cache(target, _examples(n), tmp_path / name, spec, 0, set(), batch_size=3, progress=False)
+    return target, folder
+
+
+def test_cached_rows_are_the_targets_log_probs_at_the_scored_positions(tmp_path):
+    target, folder = _build(tmp_path)
+    data = CachedData([folder])
+    assert len(data) == 10 and data.source == "fixed"
+    assert len(list(folder.glob("shard-*.safetensors"))) == 3  # 4 + 4 + 2 examples
+    # oracle: recompute the target on the batch the cache serves; the rows must match in order
+    batch, ids, logp = data.batch(random.Random(1), 6, pad_id=0)
+    with torch.no_grad():
+        ref = torch.log_softmax(scored_logits(target.model, batch).float(), -1)  # (N, V)
+    assert ids.shape == (batch.num_scored, 32)
+    assert torch.allclose(ref.gather(-1, ids), logp, atol=1e-5)
+    assert torch.equal(ids[:, 0], ref.argmax(-1))  # sorted: the first column is the target's argmax
+    # the references (fixed) are what the batch holds after each prompt
+    exs = _examples()
+    for b in range(batch.input_ids.shape[0]):
+        seq = batch.input_ids[b][batch.attention_mask[b].bool()].tolist()
+        assert any(seq == e.prompt + e.response[:4] for e in exs)
+
+
+def test_target_cache_holds_greedy_generations_and_resumes_missing_shards(tmp_path):
+    target, folder = _build(tmp_path, source="target", gen_temperature=0.0)
+    data = CachedData([folder])
+    ref = Sampled("target", 4, temperature=0.0).make(
+        _examples()[:3], 0, target=target.model, draft=None, eos_ids=set(), generator_seed=0
+    )
+    first = ref.input_ids[0][ref.attention_mask[0].bool()].tolist()
+    assert data.sequences[0] == first
+    # greedy: each response token is the target's argmax, i.e. column 0 of the cached top-k
+    assert data.top_ids[0][:, 0].tolist() == data.sequences[0][data.prompt_lens[0] :]
+    before = sorted(p.name for p in folder.glob("shard-*"))
+    (folder / before[1]).unlink()
+    stamp = (folder / before[0]).stat().st_mtime_ns
+    _build(tmp_path, source="target", gen_temperature=0.0)
+    assert sorted(p.name for p in folder.glob("shard-*")) == before
+    assert (folder / before[0]).stat().st_mtime_ns == stamp  # existing shards are kept, not rebuilt
+    assert CachedData([folder]).sequences == data.sequences
+
+
+def test_a_cache_with_other_options_is_refused(tmp_path):
+    _build(tmp_path)
+    with pytest.raises(QuickdraftError, match="other options"):
+        _build(tmp_path, top_k=8)
+    with pytest.raises(QuickdraftError, match="not a distillation cache"):
+        CachedData([tmp_path / "nothing"])
+    with pytest.raises(QuickdraftError, match="'fixed' or 'target'"):
+        _build(tmp_path, source="draft", name="other")
+    _build(tmp_path, top_k=8, name="k8")
+    with pytest.raises(QuickdraftError, match="different top_k"):
+        CachedData([tmp_path / "cache", tmp_path / "k8"])
+
+
+def test_topk_fkl_with_the_whole_vocabulary_is_fkl():
+    g = torch.Generator().manual_seed(0)
+    V = 50
+    p_logits = torch.randn(7, V, generator=g, dtype=torch.float64) * 2
+    q_logits = torch.randn(7, V, generator=g, dtype=torch.float64) * 2
+    lp = torch.log_softmax(p_logits, -1)
+    top = torch.topk(lp, V, -1)
+    loss, acc = topk_fkl(top.indices, top.values, q_logits)
+    ref = fkl(lp.float(), torch.log_softmax(q_logits, -1).float()).mean()
+    assert float(loss) == pytest.approx(float(ref), rel=1e-5)
+    assert float(acc) == pytest.approx(float(torch.minimum(lp.exp(), q_logits.softmax(-1)).sum(-1).mean()), rel=1e-5)
+    # top-k: p is renormalised over its k best tokens, so q = p_k gives zero loss and acceptance 1
+    k = 5
+    top = torch.topk(lp, k, -1)
+    pk = torch.full_like(lp, -1e9).scatter(-1, top.indices, torch.log_softmax(top.values, -1))
+    loss, acc = topk_fkl(top.indices, top.values, pk)
+    assert float(loss) == pytest.approx(0.0, abs=1e-5) and float(acc) == pytest.approx(1.0, abs=1e-5)
+
+
+def _cached_distiller(tmp_path, folder, steps, **kw) -> Distiller:
+    target = tiny_llama(vocab=32, layers=2, seed=0, eos=None)
+    cfg = DistillConfig(
+        output=str(tmp_path / "run"), steps=steps, batch_size=4, cache=str(folder), checkpoint_every=3, **kw
+    )
+    return Distiller(target, make_student(target, "truncated:1"), [], cfg)
+
+
+def test_training_from_a_cache_learns_and_resumes_exactly(tmp_path):
+    _, folder = _build(tmp_path, top_k=8)
+    d = _cached_distiller(tmp_path / "a", folder, steps=60, lr=2e-2, warmup=1)
+    hist = d.train(progress=False)
+    assert {r["source"] for r in hist} == {"fixed"}
+    first = sum(r["loss"] for r in hist[:5]) / 5
+    last = sum(r["loss"] for r in hist[-5:]) / 5
+    assert last < 0.5 * first
+    assert d.target.model.model.layers[0].mlp.up_proj.weight.grad is None  # no target forward/backward
+    straight = _cached_distiller(tmp_path / "b", folder, steps=6)
+    straight.train(progress=False)
+    _cached_distiller(tmp_path / "c", folder, steps=3).train(progress=False)
+    resumed = _cached_distiller(tmp_path / "c", folder, steps=6)
+    assert [r["step"] for r in resumed.train(progress=False)] == [4, 5, 6]
+    for (n, a), (_, b) in zip(
+        straight.student.model.named_parameters(), resumed.student.model.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), n
+    with pytest.raises(QuickdraftError, match="divergence fkl"):
+        _cached_distiller(tmp_path / "d", folder, steps=2, divergence="tvd")
+
+
+def test_cli_distill_data_then_train_from_it(tiny_model_dir, tmp_path, capsys):
+    from quickdraft.cli import main
+
+    from test_distill import _sharegpt_file
+
+    data = _sharegpt_file(tmp_path)
+    cache = tmp_path / "cache"
+    base = ["distill-data", "--target", tiny_model_dir, "--data", data, "--output", str(cache), "--no-progress"]
+    assert main([*base, "--examples", "6", "--shard-size", "4", "--max-response-tokens", "5", "--top-k", "4"]) == 0
+    assert "6 sequences" in capsys.readouterr().out
+    spec = json.loads((cache / "cache.json").read_text())["spec"]
+    assert spec["source"] == "target" and spec["gen_temperature"] == 0.0 and spec["top_k"] == 4
+    run = tmp_path / "run"
+    train = ["distill", "--target", tiny_model_dir, "--output", str(run), "--cache", str(cache), "--no-progress"]
+    assert main([*train, "--init", "truncated:1", "--steps", "2", "--batch-size", "3"]) == 0
+    assert (run / "delta" / "distilled.json").is_file()
+    assert main([*base, "--examples", "6", "--top-k", "8"]) == 2  # other options, same folder
+    assert "other options" in capsys.readouterr().err
