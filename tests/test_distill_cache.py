@@ -137,9 +137,9 @@ def test_training_from_a_cache_learns_and_resumes_exactly(tmp_path):
 
 
 def test_cli_distill_data_then_train_from_it(tiny_model_dir, tmp_path, capsys):
-    from quickdraft.cli import main
-
     from test_distill import _sharegpt_file
+
+    from quickdraft.cli import main
 
     data = _sharegpt_file(tmp_path)
     cache = tmp_path / "cache"
