@@ -108,3 +108,23 @@ def test_truncated_drafter_from_spec():
         make_drafter("truncated:3", target)
     with pytest.raises(QuickdraftError):
         make_drafter("truncated:x", target)
+
+
+def test_a_copied_draft_can_run_in_its_own_dtype():
+    from quickdraft.config import SamplingConfig, StopConfig
+
+    target = tiny_text_model(dtype=torch.float32)
+    assert make_drafter("truncated:1", target).model.model.dtype == torch.float32  # the target's by default
+    drafter = make_drafter("truncated:1@float64", target)
+    assert drafter.model.model.dtype == torch.float64
+    # greedy SD with a draft in another precision still equals plain decoding, and it speculated
+    stop = StopConfig(20, target.eos_token_ids)
+    ids = target.tokenizer("abc de")["input_ids"]
+    ar = Engine(target, EngineConfig(method="ar")).generate_ids(ids, SamplingConfig(), stop)
+    sd = Engine(target, EngineConfig(method="sd", drafter="truncated:1@float64")).generate_ids(
+        ids, SamplingConfig(), stop
+    )
+    assert sd.token_ids == ar.token_ids and sd.stats.num_draft_tokens > 0
+    for bad, msg in (("truncated:1@float8", "unknown dtype"), ("ngram@float32", "no dtype")):
+        with pytest.raises(QuickdraftError, match=msg):
+            make_drafter(bad, target)

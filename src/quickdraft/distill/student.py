@@ -126,8 +126,8 @@ def save_delta(student: Student, folder: Path, meta: dict, dtype: torch.dtype = 
     return folder
 
 
-def load_delta(target: LoadedModel, folder: Path) -> LoadedModel:
-    """Rebuild a distilled truncated draft for `target` from a delta folder (in the target's dtype)."""
+def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """Rebuild a distilled truncated draft for `target` from a delta folder (default: the target's dtype)."""
     meta_path = folder / DELTA_META
     if not meta_path.is_file() or not (folder / DELTA_WEIGHTS).is_file():
         raise QuickdraftError(f"{folder} holds no distilled draft ({DELTA_META} + {DELTA_WEIGHTS})")
@@ -144,7 +144,7 @@ def load_delta(target: LoadedModel, folder: Path) -> LoadedModel:
             f"the distilled draft in {folder} was trained for another target "
             f"({', '.join(f'{k}: draft {a} vs target {b}' for k, (a, b) in wrong.items())})"
         )
-    draft = truncated_copy(target, int(meta["num_layers"]))
+    draft = truncated_copy(target, int(meta["num_layers"]), dtype)
     tensors = load_file(str(folder / DELTA_WEIGHTS))
     own = dict(draft.model.named_parameters())
     missing = [n for n in tensors if n not in own]

@@ -4,6 +4,9 @@ Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram), "model:PATH" 
 draft model folder), "truncated:N" (the target's first N layers + norm + head, a real-weights
 stand-in for a draft model), "distilled" (the DistillSpec draft shipped for the embedded default
 target) or "distilled:PATH" (a distilled delta folder written by `quickdraft distill`).
+
+A model drafter's spec may end with "@DTYPE" to run the draft in another dtype than the target, e.g.
+"distilled@bfloat16" under a float32 target (the draft's precision never affects losslessness).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.loading import LoadedModel, check_vocab, load_model, truncated_copy
+from quickdraft.models.loading import DTYPES, LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 
 Builder = Callable[[str | None, LoadedModel, str], Drafter]
 
@@ -45,16 +48,22 @@ def _model(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
     return _model_drafter(load_model(arg, dtype), target, f"model:{arg}")
 
 
+def _own_dtype(dtype: str, target: LoadedModel):
+    """The torch dtype a copied draft runs in: the one asked for, else the target's."""
+    return resolve_dtype(dtype) if dtype else target.model.dtype
+
+
 def _truncated(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
     layers = _int_arg("truncated", arg, None)
-    return _model_drafter(truncated_copy(target, layers), target, f"truncated:{layers}")
+    return _model_drafter(truncated_copy(target, layers, _own_dtype(dtype, target)), target, f"truncated:{layers}")
 
 
 def _distilled(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
     from quickdraft.distill.student import load_delta, shipped_delta_dir
 
     folder = shipped_delta_dir(target) if arg is None else Path(arg).expanduser()
-    return _model_drafter(load_delta(target, folder), target, f"distilled:{arg}" if arg else "distilled")
+    draft = load_delta(target, folder, _own_dtype(dtype, target))
+    return _model_drafter(draft, target, f"distilled:{arg}" if arg else "distilled")
 
 
 DRAFTERS: dict[str, Builder] = {
@@ -65,14 +74,33 @@ DRAFTERS: dict[str, Builder] = {
 }
 
 
+def split_dtype(spec: str) -> tuple[str, str | None]:
+    """ "distilled@bfloat16" -> ("distilled", "bfloat16"); a spec without a dtype suffix -> (spec, None)."""
+    head, sep, tail = spec.rpartition("@")
+    if not sep:
+        return spec, None
+    if tail not in DTYPES:
+        raise QuickdraftError(f"drafter {spec!r}: unknown dtype {tail!r} after '@'; choose one of {', '.join(DTYPES)}")
+    return head, tail
+
+
 def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Drafter:
-    """Build a drafter from its spec string (see the module docstring)."""
+    """Build a drafter from its spec string (see the module docstring).
+
+    `dtype` is the engine's: an independent draft model loads in it, a copied draft (truncated,
+    distilled) keeps the target's; "@DTYPE" at the end of the spec overrides both.
+    """
+    spec, own = split_dtype(spec)
     kind, _, arg = spec.partition(":")
     if kind not in DRAFTERS:
         raise QuickdraftError(
             f"unknown drafter {spec!r}; choose one of: ngram, model:PATH, truncated:N, distilled[:PATH]"
         )
-    return DRAFTERS[kind](arg or None, target, dtype)
+    if own is not None and kind == "ngram":
+        raise QuickdraftError("the ngram drafter has no dtype: drop the '@...' suffix")
+    if own is not None:
+        return DRAFTERS[kind](arg or None, target, own)
+    return DRAFTERS[kind](arg or None, target, dtype if kind == "model" else "")
 
 
 __all__ = [

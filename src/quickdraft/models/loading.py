@@ -78,10 +78,11 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
     return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name)
 
 
-def truncated_copy(target: LoadedModel, num_layers: int) -> LoadedModel:
+def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | None = None) -> LoadedModel:
     """A draft made of the target's first `num_layers` decoder layers + final norm + LM head.
 
-    A real-weights stand-in for a draft model (the weights are copied, the target is untouched).
+    A real-weights stand-in for a draft model (the weights are copied, the target is untouched),
+    in `dtype` (default: the target's).
     """
     total = int(target.model.config.num_hidden_layers)
     if not 1 <= num_layers < total:
@@ -90,7 +91,7 @@ def truncated_copy(target: LoadedModel, num_layers: int) -> LoadedModel:
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]
-    draft = AutoModelForCausalLM.from_config(config, dtype=target.model.dtype)
+    draft = AutoModelForCausalLM.from_config(config, dtype=dtype or target.model.dtype)
     missing, _ = draft.load_state_dict(target.model.state_dict(), strict=False)
     if [m for m in missing if "rotary" not in m]:
         raise QuickdraftError(f"truncated copy is missing weights: {missing[:3]}")
