@@ -14,8 +14,8 @@ Shard layout (``shard-NNNNN.safetensors``, one per `shard_size` examples, in exa
   and their log-probabilities (temperature 1, full vocabulary) at the N scored positions, in
   sequence order.
 
-The cached law is p restricted to its top k and renormalised (the rest of p, usually a few percent
-of mass, is dropped): the loss is then FKL(p_k || q), which only needs q at those k tokens.
+The cached law is p_k: p restricted to its top k and renormalised (the rest of p, usually a few
+percent of mass, is dropped). `topk_divergence` trains q towards it with FKL, JSD or TVD.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from quickdraft.distill.data import Batch, Example, FixedData, Sampled, _response_scored, collate
+from quickdraft.distill.losses import Divergence, acceptance
 from quickdraft.errors import QuickdraftError
 
 CACHE_META = "cache.json"
@@ -213,25 +214,33 @@ class CachedData:
         return batch, ids, logp
 
 
-def topk_fkl(
-    top_ids: torch.Tensor, top_logp: torch.Tensor, q_logits: torch.Tensor, temperature: float = 1.0
+def topk_divergence(
+    top_ids: torch.Tensor,
+    top_logp: torch.Tensor,
+    q_logits: torch.Tensor,
+    divergence: Divergence,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FKL(p_k || q) with p_k the target's top-k renormalised, and the matching acceptance estimate.
+    """A divergence between p_k (the target's cached top k, renormalised) and the draft's q.
+
+    p_k is spread back over the whole vocabulary (zero outside its k tokens) and handed to the same
+    divergence functions as in live training, so FKL, JSD and TVD are exact for p_k. (RKL = KL(q||p_k)
+    is infinite wherever q puts mass outside the top k, so it is refused upstream.)
 
     Args:
         top_ids: (N, k) token ids of the target's top k.
         top_logp: (N, k) their log-probabilities at temperature 1.
         q_logits: (N, V) draft logits (with gradient).
+        divergence: fkl, jsd or tvd from `quickdraft.distill.losses`.
         temperature: shared temperature (the top-k part of p at temperature T is exact).
 
     Returns:
-        (mean over N of sum_k p_k (log p_k - log q), mean sum_k min(p_k, q) without gradient).
+        (mean divergence over N, mean sum_v min(p_k, q) without gradient).
     """
-    lp = torch.log_softmax(top_logp.float() / temperature, dim=-1)  # (N, k)
-    lq_all = torch.log_softmax(q_logits.float() / temperature, dim=-1)  # (N, V)
-    lq = lq_all.gather(-1, top_ids)  # (N, k)
-    p = lp.exp()
-    loss = (p * (lp - lq)).sum(-1).mean()
+    lq = torch.log_softmax(q_logits.float() / temperature, dim=-1)  # (N, V)
+    lp_k = torch.log_softmax(top_logp.float() / temperature, dim=-1)  # (N, k)
+    lp = torch.full_like(lq, float("-inf")).scatter_(-1, top_ids, lp_k)  # (N, V), -inf outside the top k
+    loss = divergence(lp, lq).mean()
     with torch.no_grad():
-        acc = torch.minimum(p, lq.exp()).sum(-1).mean()
+        acc = acceptance(lp, lq.detach()).mean()
     return loss, acc

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.distill.cache import CachedData, topk_fkl
+from quickdraft.distill.cache import CachedData, topk_divergence
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix
 from quickdraft.distill.losses import LossProcessing, distill_loss, make_divergence
 from quickdraft.distill.student import Student, save_delta
@@ -53,7 +53,7 @@ class DistillConfig:
         seed: data order and sampling seed.
         cache: comma-separated cache folders (`quickdraft distill-data`); when set, batches come from
             them (target top-k log-probs stored, no target forward per step) instead of `mix`, and
-            the divergence is FKL(p_k || q) on the cached top k.
+            the divergence is taken against the cached top k (p_k; fkl, jsd or tvd).
     """
 
     output: str
@@ -97,9 +97,10 @@ class Distiller:
     def __init__(self, target: LoadedModel, student: Student, examples: Sequence[Example], config: DistillConfig):
         self.cached: CachedData | None = None
         if config.cache:
-            if config.divergence != "fkl" or config.top_k or config.top_p < 1:
+            if config.divergence.startswith("rkl") or config.top_k or config.top_p < 1:
                 raise QuickdraftError(
-                    "cached data stores the target's top k only: use --divergence fkl without --top-k/--top-p"
+                    "cached data stores the target's top k only: use fkl, jsd or tvd (KL(q||p_k) is infinite), "
+                    "without --top-k/--top-p"
                 )
             self.cached = CachedData([Path(f) for f in config.cache.split(",") if f])
         elif not examples:
@@ -219,7 +220,7 @@ class Distiller:
         self.student.model.train()
         if batch.p_top is not None:
             q_logits = scored_logits(self.student.model, batch)
-            loss, acc = topk_fkl(*batch.p_top, q_logits, self.config.temperature)
+            loss, acc = topk_divergence(*batch.p_top, q_logits, self.divergence, self.config.temperature)
         else:
             with torch.no_grad():
                 p_logits = scored_logits(self.target.model, batch)
