@@ -116,13 +116,13 @@ def test_topk_divergence_with_the_whole_vocabulary_is_the_divergence(name):
     lp, lq = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)
     div = make_divergence(name)
     top = torch.topk(lp, V, -1)
-    loss, acc = topk_divergence(top.indices, top.values, q_logits, div)
+    loss, acc = topk_divergence(top.indices, top.values, q_logits, name)
     assert float(loss) == pytest.approx(float(div(lp, lq).mean()), rel=1e-4)
     assert float(acc) == pytest.approx(float(acceptance(lp, lq).mean()), rel=1e-4)
     # top-k: p_k is p renormalised over its k best tokens; against a naive float64 loop
     k = 5
     top = torch.topk(lp, k, -1)
-    loss, acc = topk_divergence(top.indices, top.values, q_logits, div)
+    loss, acc = topk_divergence(top.indices, top.values, q_logits, name)
     ref_loss, ref_acc = 0.0, 0.0
     for n in range(7):
         pk = [0.0] * V
@@ -134,6 +134,13 @@ def test_topk_divergence_with_the_whole_vocabulary_is_the_divergence(name):
         ref_acc += ref["acc"] / 7
     assert float(loss) == pytest.approx(ref_loss, rel=1e-4)
     assert float(acc) == pytest.approx(ref_acc, rel=1e-4)
+    # the gradient is the dense formula's: p_k spread over the vocabulary, zero elsewhere
+    qd = q_logits.clone().requires_grad_(True)
+    topk_divergence(top.indices, top.values, qd, name)[0].backward()
+    qr = q_logits.clone().requires_grad_(True)
+    lp_dense = torch.full_like(lp, float("-inf")).scatter(-1, top.indices, torch.log_softmax(top.values, -1))
+    div(lp_dense, torch.log_softmax(qr, -1)).mean().backward()
+    assert torch.allclose(qd.grad, qr.grad, atol=1e-6)
 
 
 def _cached_distiller(tmp_path, folder, steps, **kw) -> Distiller:

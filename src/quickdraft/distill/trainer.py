@@ -97,11 +97,11 @@ class Distiller:
     def __init__(self, target: LoadedModel, student: Student, examples: Sequence[Example], config: DistillConfig):
         self.cached: CachedData | None = None
         if config.cache:
-            if config.divergence.startswith("rkl") or config.top_k or config.top_p < 1:
-                raise QuickdraftError(
-                    "cached data stores the target's top k only: use fkl, jsd or tvd (KL(q||p_k) is infinite), "
-                    "without --top-k/--top-p"
-                )
+            if config.top_k or config.top_p < 1:
+                raise QuickdraftError("cached data stores the target's top k: --top-k/--top-p do not apply")
+            topk_divergence(
+                torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.zeros(1, 1), config.divergence
+            )
             self.cached = CachedData([Path(f) for f in config.cache.split(",") if f])
         elif not examples:
             raise QuickdraftError("distillation needs at least one training example")
@@ -220,7 +220,7 @@ class Distiller:
         self.student.model.train()
         if batch.p_top is not None:
             q_logits = scored_logits(self.student.model, batch)
-            loss, acc = topk_divergence(*batch.p_top, q_logits, self.divergence, self.config.temperature)
+            loss, acc = topk_divergence(*batch.p_top, q_logits, self.config.divergence, self.config.temperature)
         else:
             with torch.no_grad():
                 p_logits = scored_logits(self.target.model, batch)
