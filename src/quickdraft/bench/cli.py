@@ -17,7 +17,7 @@ def add_bench_parser(sub, add_model_flags) -> None:
     bench.add_argument(
         "--methods",
         default="ar,sd:drafter=ngram",
-        help="comma-separated NAME[:key=value,...]; names: ar, sd, hf-assisted",
+        help="comma-separated NAME[:key=value,...]; names: ar, sd, pearl, hf-assisted",
     )
     bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
