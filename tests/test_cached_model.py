@@ -74,3 +74,28 @@ def test_last_only_returns_one_row():
 def test_vocab_slice_drops_padded_tail():
     cm = CachedModel(tiny_llama(vocab=64).model, vocab_size=60)
     assert cm.extend([1, 2]).shape == (2, 60)
+
+
+def test_a_restricted_head_gives_the_full_logits_on_its_ids_and_minus_inf_elsewhere():
+    from quickdraft.errors import QuickdraftError
+
+    m = tiny_llama(dtype=torch.float64).model
+    V = m.config.vocab_size
+    ids = torch.tensor([0, 5, 9, 3, 40])
+    cm = CachedModel(m, head_ids=ids)
+    off = torch.ones(V, dtype=torch.bool)
+    off[ids] = False
+    a, b = [1, 5, 9, 2, 7], [3, 3, 8]
+    cm.extend(a)
+    cm.extend(b)
+    cm.rollback(len(a))
+    for step in (lambda: cm.extend([4, 11]), lambda: cm.sync(a + [4, 11, 6])):
+        got = step()
+        n = got.shape[0]
+        want = naive_forward_logits(m, cm.tokens)[-n:]
+        assert got.shape == (n, V)
+        assert torch.allclose(got[:, ids], want[:, ids], atol=1e-10, rtol=0)
+        assert torch.isinf(got[:, off]).all() and (got[:, off] < 0).all()
+    for bad in (torch.tensor([], dtype=torch.long), torch.tensor([V]), torch.tensor([-1])):
+        with pytest.raises(QuickdraftError, match="head_ids"):
+            CachedModel(m, head_ids=bad)

@@ -396,3 +396,29 @@ def test_no_shipped_draft_for_other_targets_is_a_clear_error():
 
     with pytest.raises(QuickdraftError, match="no distilled draft ships"):
         make_drafter("distilled", tiny_llama(vocab=32))
+
+
+def test_a_delta_with_a_restricted_head_drafts_only_its_tokens_and_stays_lossless(tmp_path):
+    from quickdraft.distill.student import rank_tokens
+
+    assert rank_tokens([[5, 5, 3], [3, 7, 5]], always=[9]).tolist() == [9, 5, 3, 7]
+    target = tiny_text_model()
+    student = make_student(target, "truncated:1")
+    ids = rank_tokens([target.tokenizer("abc de fgh hello world")["input_ids"]], target.eos_token_ids)
+    folder = save_delta(student, tmp_path / "delta", {"target": "tiny"}, dtype=torch.float32, head_ids=ids)
+    assert json.loads((folder / "distilled.json").read_text())["head_vocab"] == len(ids)
+    assert torch.equal(load_delta(target, folder).head_ids, ids)
+    stop = StopConfig(24, target.eos_token_ids)
+    prompt = target.tokenizer("abc de")["input_ids"]
+    ar = Engine(target, EngineConfig(method="ar")).generate_ids(prompt, SamplingConfig(), stop)
+    engine = Engine(target, EngineConfig(method="sd", drafter=f"distilled:{folder}"))
+    proposals = []
+    propose = engine.drafter.propose
+    engine.drafter.propose = lambda *a, **k: proposals.append(propose(*a, **k)) or proposals[-1]
+    sd = engine.generate_ids(prompt, SamplingConfig(), stop)
+    assert sd.token_ids == ar.token_ids and sd.stats.num_draft_tokens > 0
+    drafted = {int(t) for p in proposals for t in p.tokens}
+    assert drafted and drafted <= set(ids.tolist())
+    # saving again without head ids removes the restriction
+    save_delta(student, folder, {"target": "tiny"}, dtype=torch.float32)
+    assert load_delta(target, folder).head_ids is None

@@ -187,8 +187,19 @@ def test_cli_distill_data_then_train_from_it(tiny_model_dir, tmp_path, capsys):
     assert spec["source"] == "target" and spec["gen_temperature"] == 0.0 and spec["top_k"] == 4
     run = tmp_path / "run"
     train = ["distill", "--target", tiny_model_dir, "--output", str(run), "--cache", str(cache), "--no-progress"]
-    assert main([*train, "--init", "truncated:1", "--steps", "2", "--batch-size", "3"]) == 0
-    assert (run / "delta" / "distilled.json").is_file()
+    assert main([*train, "--init", "truncated:1", "--steps", "2", "--batch-size", "3", "--draft-vocab", "5"]) == 0
+    meta = json.loads((run / "delta" / "distilled.json").read_text())
+    assert meta["head_vocab"] == 5
+    from safetensors.torch import load_file
+
+    from quickdraft.distill.student import rank_tokens
+    from quickdraft.models.loading import load_model
+
+    eos = sorted(load_model(tiny_model_dir, "float32").eos_token_ids)
+    cached = CachedData([cache])
+    want = rank_tokens([s[p:] for s, p in zip(cached.sequences, cached.prompt_lens, strict=True)], eos)[:5]
+    head = load_file(str(run / "delta" / "head_ids.safetensors"))["head_ids"]
+    assert head.tolist() == want.tolist() and head[: len(eos)].tolist() == eos  # EOS first, then by frequency
     assert main([*base, "--examples", "6", "--top-k", "8"]) == 2  # other options, same folder
     assert "other options" in capsys.readouterr().err
     # held-out agreement on greedy target text (what greedy SD sees)

@@ -106,3 +106,15 @@ def test_negative_controls_fail(broken):
     p, q = _chains(k)
     samples = _sample_many(_decoder(p, q, k, Named(broken)), [0], k + 2, SamplingConfig(temperature=1.0), N)
     assert min(_pair_pvalues(samples, 0, p, k + 2)) < 1e-12
+
+
+@pytest.mark.slow
+def test_a_draft_restricted_to_a_sub_vocabulary_keeps_the_target_law():
+    # what a restricted LM head drafts from: q = 0 off its K tokens (here 4 and 5 are never drafted)
+    p, q = _chains(11)
+    q = q.clone()
+    q[:, 4:] = 0
+    q = q / q.sum(-1, keepdim=True)
+    samples = _sample_many(_decoder(p, q, 3, SpeculativeSampling()), [0], 5, SamplingConfig(temperature=1.0), N)
+    assert min(_pair_pvalues(samples, 0, p, 5)) > 1e-4 / 5
+    assert any(t in (4, 5) for s in samples for t in s)  # the target still emits them

@@ -30,6 +30,12 @@ def add_distill_parsers(sub, add_model_flags) -> None:
         default="",
         help="train from cache folder(s) made by `quickdraft distill-data` (comma-separated) instead of --mix",
     )
+    d.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="restrict the shipped draft's LM head to the K most frequent response tokens (0: full head)",
+    )
     d.add_argument("--steps", type=int, default=360)
     d.add_argument("--batch-size", type=int, default=16)
     d.add_argument("--lr", type=float, default=1e-3)
@@ -119,6 +125,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
         cache=args.cache,
+        draft_vocab=args.draft_vocab,
     )
     # the target runs in float32: exact, and on CPUs without native bf16 much faster for batched work
     target = load_model(args.target, "float32")
@@ -128,10 +135,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
     if not args.cache:
         examples = sharegpt_examples(target.tokenizer, "train", limit=args.train_examples, path=args.data)
     student = make_student(target, args.init)
-    history = Distiller(target, student, examples, config).train(progress=not args.no_progress)
+    distiller = Distiller(target, student, examples, config)
+    history = distiller.train(progress=not args.no_progress)
     if student.init.startswith("truncated:"):
         meta = {"target": target.name, "command": "quickdraft " + shlex.join(args.argv), "steps": args.steps}
-        save_delta(student, Path(args.output) / "delta", meta)
+        save_delta(student, Path(args.output) / "delta", meta, head_ids=distiller.head_ids)
     last = history[-10:]
     if last:
         acc = sum(r["expected_acceptance"] for r in last) / len(last)

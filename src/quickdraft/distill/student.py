@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from quickdraft.models.loading import LoadedModel, truncated_copy
 
 DELTA_WEIGHTS = "draft_delta.safetensors"
 DELTA_META = "distilled.json"
+DELTA_HEAD = "head_ids.safetensors"
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "distilled"
 SHIPPED_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
 
@@ -105,8 +108,26 @@ def make_student(target: LoadedModel, init: str, dtype: torch.dtype = torch.floa
     return Student(loaded=loaded, init=init, trainable=names)
 
 
-def save_delta(student: Student, folder: Path, meta: dict, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the trained tensors of a truncated student (+ meta) to `folder`; returns the folder."""
+def rank_tokens(responses: Iterable[Sequence[int]], always: Iterable[int] = ()) -> torch.Tensor:
+    """Token ids by decreasing frequency in `responses` (ties: lower id first), `always` ids first: (n,)."""
+    counts = Counter(t for r in responses for t in r)
+    first = list(dict.fromkeys(int(t) for t in always))
+    rest = sorted((t for t in counts if t not in set(first)), key=lambda t: (-counts[t], t))
+    return torch.tensor(first + rest, dtype=torch.long)
+
+
+def save_delta(
+    student: Student,
+    folder: Path,
+    meta: dict,
+    dtype: torch.dtype = torch.bfloat16,
+    head_ids: torch.Tensor | None = None,
+) -> Path:
+    """Write the trained tensors of a truncated student (+ meta) to `folder`; returns the folder.
+
+    head_ids: (K,) token ids the draft's LM head is restricted to at inference (None: all); the
+    training is unchanged, only drafting uses the K rows (see CachedModel).
+    """
     if not student.init.startswith("truncated:"):
         raise QuickdraftError("only truncated students ship as a delta; save a small student as a full folder")
     folder.mkdir(parents=True, exist_ok=True)
@@ -122,6 +143,11 @@ def save_delta(student: Student, folder: Path, meta: dict, dtype: torch.dtype = 
         "model_type": cfg.model_type,
         **meta,
     }
+    if head_ids is not None:
+        save_file({"head_ids": head_ids.to(torch.int64).contiguous()}, str(folder / DELTA_HEAD))
+        full["head_vocab"] = int(head_ids.numel())
+    else:
+        (folder / DELTA_HEAD).unlink(missing_ok=True)
     (folder / DELTA_META).write_text(json.dumps(full, indent=2) + "\n")
     return folder
 
@@ -158,4 +184,6 @@ def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = No
                 )
             own[n].copy_(t.to(own[n].dtype))
     draft.name = f"distilled[{folder.name}]"
+    if (folder / DELTA_HEAD).is_file():
+        draft.head_ids = load_file(str(folder / DELTA_HEAD))["head_ids"].long()
     return draft

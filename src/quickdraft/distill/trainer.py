@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from quickdraft.distill.cache import CachedData, topk_divergence
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix
 from quickdraft.distill.losses import LossProcessing, distill_loss, make_divergence
-from quickdraft.distill.student import Student, save_delta
+from quickdraft.distill.student import Student, rank_tokens, save_delta
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
 
@@ -51,6 +51,8 @@ class DistillConfig:
         gen_temperature: sampling temperature of the target/draft data generators.
         checkpoint_every: steps between checkpoints.
         seed: data order and sampling seed.
+        draft_vocab: if > 0, the shipped deltas restrict the draft's LM head to the draft_vocab most
+            frequent response tokens of the training data (+ EOS) at inference; 0 = the full head.
         cache: comma-separated cache folders (`quickdraft distill-data`); when set, batches come from
             them (target top-k log-probs stored, no target forward per step) instead of `mix`, and
             the divergence is taken against the cached top k (p_k; fkl, jsd or tvd).
@@ -73,6 +75,7 @@ class DistillConfig:
     checkpoint_every: int = 50
     seed: int = 0
     cache: str = ""
+    draft_vocab: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -126,6 +129,15 @@ class Distiller:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
         self.out = Path(config.output)
+        self.head_ids = self._head_ids() if config.draft_vocab > 0 else None
+
+    def _head_ids(self) -> torch.Tensor:
+        """The draft_vocab most frequent response tokens of the training data, EOS ids first: (K,)."""
+        if self.cached is not None:
+            responses = [s[p:] for s, p in zip(self.cached.sequences, self.cached.prompt_lens, strict=True)]
+        else:
+            responses = [ex.response for ex in self.examples]
+        return rank_tokens(responses, sorted(self.eos_ids))[: self.config.draft_vocab]
 
     def _lr_factor(self, step: int) -> float:
         c = self.config
@@ -264,6 +276,7 @@ class Distiller:
                     self.save()
                     if self.student.init.startswith("truncated:"):
                         meta = {"step": self.step, "config": asdict(self.config), "target": self.target.name}
-                        save_delta(self.student, self.out / "snapshots" / f"step-{self.step:05d}", meta)
+                        folder = self.out / "snapshots" / f"step-{self.step:05d}"
+                        save_delta(self.student, folder, meta, head_ids=self.head_ids)
         bar.close()
         return history

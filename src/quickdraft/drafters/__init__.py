@@ -39,7 +39,7 @@ def _ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
 
 def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
     vocab = check_vocab(target, draft)
-    return ModelDrafter(CachedModel(draft.model, vocab), name=name)
+    return ModelDrafter(CachedModel(draft.model, vocab, draft.head_ids), name=name)
 
 
 def _model(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:

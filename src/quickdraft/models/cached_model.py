@@ -3,6 +3,11 @@
 It is the only object that calls `model(...)` for inference. It remembers which token ids its cache
 holds, so callers roll back by length and `sync` can reconcile the cache with any committed
 sequence (longest common prefix, then extend). Logits are sliced to the shared vocabulary size.
+
+A draft may restrict its LM head to K frequent token ids (`head_ids`): the decoder runs as usual,
+the head multiplies only those K rows (on a CPU the full head of a small draft costs as much as
+several of its layers), and every other token gets logit -inf, i.e. q = 0. The q it drafts from is
+then the softmax over the K tokens, which the acceptance rule handles like any other q: lossless.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.kv_cache import cache_length, crop, new_cache
 
 
@@ -21,14 +27,31 @@ class CachedModel:
     Args:
         model: an unmodified Hugging Face causal LM (eval mode).
         vocab_size: logits are cut to this many columns (drops a padded vocabulary tail).
+        head_ids: (K,) token ids (< vocab_size) the LM head is restricted to; None = all.
     """
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, vocab_size: int | None = None, head_ids: torch.Tensor | None = None
+    ) -> None:
         self.model = model.eval()
         self.vocab_size = vocab_size or int(model.config.vocab_size)
         self.cache = new_cache(model)
         self.tokens: list[int] = []
         self.num_forwards = 0
+        self.head_ids = None if head_ids is None else head_ids.to(torch.long)
+        self._head_rows: torch.Tensor | None = None
+        if self.head_ids is not None:
+            head = model.get_output_embeddings()
+            cfg = model.config
+            if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
+                raise QuickdraftError(f"a restricted LM head needs a plain linear head ({cfg.model_type} is not)")
+            if (
+                self.head_ids.numel() == 0
+                or int(self.head_ids.max()) >= self.vocab_size
+                or int(self.head_ids.min()) < 0
+            ):
+                raise QuickdraftError(f"head_ids must be non-empty token ids below {self.vocab_size}")
+            self._head_rows = head.weight.detach()[self.head_ids].contiguous()  # (K, H)
 
     @property
     def length(self) -> int:
@@ -55,12 +78,25 @@ class CachedModel:
             (n, V) logits, or (1, V) with last_only, in the model's dtype.
         """
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
-        out = self.model(
-            input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
-        )
+        if self._head_rows is not None:
+            logits = self._restricted_head(ids, last_only)
+        else:
+            out = self.model(
+                input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
+            )
+            logits = out.logits[0, :, : self.vocab_size]
         self.num_forwards += 1
         self.tokens.extend(int(t) for t in tokens)
-        return out.logits[0, :, : self.vocab_size]
+        return logits
+
+    def _restricted_head(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Decoder forward, then the head on the K kept rows: (n, V) logits, -inf off head_ids."""
+        hidden = self.model.get_decoder()(input_ids=ids, past_key_values=self.cache, use_cache=True).last_hidden_state
+        hidden = hidden[0, -1:] if last_only else hidden[0]  # (n, H)
+        sub = hidden @ self._head_rows.T  # (n, K)
+        logits = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
+        logits[:, self.head_ids] = sub
+        return logits
 
     def prefill(self, tokens: Sequence[int]) -> torch.Tensor:
         """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""

@@ -24,11 +24,15 @@ from quickdraft.models.default import DEFAULT_MODEL_NAME, ensure_default_model  
 
 @dataclass
 class LoadedModel:
-    """A model, its tokenizer (None for in-process test models) and a display name."""
+    """A model, its tokenizer (None for in-process test models) and a display name.
+
+    `head_ids` (K,) restricts a draft's LM head to K token ids (see CachedModel); None = all.
+    """
 
     model: PreTrainedModel
     tokenizer: object | None
     name: str
+    head_ids: torch.Tensor | None = None
 
     @property
     def output_vocab_size(self) -> int:
