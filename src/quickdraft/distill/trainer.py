@@ -202,7 +202,18 @@ class Distiller:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+        self._truncate_history()
         return True
+
+    def _truncate_history(self) -> None:
+        """Drop history rows of steps after the checkpoint (a run stopped between two checkpoints)."""
+        path = self.out / "history.jsonl"
+        if not path.is_file():
+            return
+        lines = path.read_text().splitlines()
+        keep = [x for x in lines if x.strip() and json.loads(x)["step"] <= self.step]
+        if len(keep) != len(lines):
+            path.write_text("".join(x + "\n" for x in keep))
 
     # ---- training ----------------------------------------------------------------------------
     def make_batch(self, step: int) -> Batch:
