@@ -424,3 +424,27 @@ def test_a_delta_with_a_restricted_head_drafts_only_its_tokens_and_stays_lossles
     # saving again without head ids removes the restriction
     save_delta(student, folder, {"target": "tiny"}, dtype=torch.float32)
     assert load_delta(target, folder).head_ids is None
+
+
+def test_agreement_with_a_restricted_head_renormalizes_q_on_the_kept_ids():
+    from quickdraft.distill.evaluate import agreement
+    from quickdraft.distill.trainer import scored_logits
+
+    torch.manual_seed(0)
+    target, draft = tiny_llama(seed=1).model.eval(), tiny_llama(seed=2).model.eval()
+    batch = FixedData(max_response_tokens=6).make([Example([5, 6, 7], [8, 9, 10, 11, 3, 4])], pad_id=0)
+    V = target.config.vocab_size
+    keep = torch.tensor([0, 3, 4, 8, 9, 10, 11, 20])
+    with torch.no_grad():
+        p = scored_logits(target, batch).double().softmax(-1)
+        q_full = scored_logits(draft, batch).double()
+    mask = torch.full((V,), float("-inf"), dtype=torch.float64)
+    mask[keep] = 0
+    q = (q_full + mask).softmax(-1)
+    want = sum(sum(min(a, b) for a, b in zip(pr.tolist(), qr.tolist(), strict=True)) for pr, qr in zip(p, q, strict=True))
+    want /= p.shape[0]
+    got = agreement(target, draft, [batch], head_ids=keep)
+    full = agreement(target, draft, [batch])
+    assert got.expected_acceptance == pytest.approx(want, abs=1e-5)
+    assert got.expected_acceptance != pytest.approx(full.expected_acceptance, abs=1e-4)  # the head matters
+    assert got.greedy_agreement == pytest.approx(float((p.argmax(-1) == q.argmax(-1)).double().mean()))

@@ -216,10 +216,12 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     results = []
     for spec in args.drafter:
         drafter = make_drafter(spec, target, "float32")
-        model = drafter.model.model
+        model, head_ids = drafter.model.model, drafter.model.head_ids
         row = {"drafter": spec}
+        if head_ids is not None:
+            row["head_vocab"] = int(head_ids.numel())
         for source, bs in batches.items():
-            row[source] = agreement(target.model, model, bs, proc).as_dict()
+            row[source] = agreement(target.model, model, bs, proc, head_ids).as_dict()
         results.append(row)
         parts = [
             f"{s}: acc {row[s]['expected_acceptance']:.3f} greedy {row[s]['greedy_agreement']:.3f}" for s in batches

@@ -35,8 +35,18 @@ class AgreementReport:
 
 
 @torch.no_grad()
-def agreement(target, draft, batches: Sequence[Batch], proc: LossProcessing | None = None) -> AgreementReport:
-    """Expected acceptance and greedy agreement of `draft` (HF model) with `target` over batches."""
+def agreement(
+    target,
+    draft,
+    batches: Sequence[Batch],
+    proc: LossProcessing | None = None,
+    head_ids: torch.Tensor | None = None,
+) -> AgreementReport:
+    """Expected acceptance and greedy agreement of `draft` (HF model) with `target` over batches.
+
+    head_ids: (K,) token ids a restricted draft head keeps (q = 0 elsewhere, as CachedModel runs it
+    in speculative decoding); None = the full head.
+    """
     proc = proc or LossProcessing()
     acc_sum, agree, n = 0.0, 0, 0
     was = draft.training
@@ -46,6 +56,10 @@ def agreement(target, draft, batches: Sequence[Batch], proc: LossProcessing | No
         q = scored_logits(draft, batch)
         V = min(p.shape[-1], q.shape[-1])
         p, q = p[:, :V].float(), q[:, :V].float()
+        if head_ids is not None:
+            keep = torch.full_like(q, float("-inf"))
+            keep[:, head_ids] = 0.0
+            q = q + keep
         acc_sum += float(acceptance(processed_logprobs(p, proc), processed_logprobs(q, proc)).sum())
         agree += int((p.argmax(-1) == q.argmax(-1)).sum())
         n += p.shape[0]
