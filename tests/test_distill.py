@@ -441,8 +441,8 @@ def test_agreement_with_a_restricted_head_renormalizes_q_on_the_kept_ids():
     mask = torch.full((V,), float("-inf"), dtype=torch.float64)
     mask[keep] = 0
     q = (q_full + mask).softmax(-1)
-    want = sum(sum(min(a, b) for a, b in zip(pr.tolist(), qr.tolist(), strict=True)) for pr, qr in zip(p, q, strict=True))
-    want /= p.shape[0]
+    rows = zip(p.tolist(), q.tolist(), strict=True)
+    want = sum(sum(min(a, b) for a, b in zip(pr, qr, strict=True)) for pr, qr in rows) / p.shape[0]
     got = agreement(target, draft, [batch], head_ids=keep)
     full = agreement(target, draft, [batch])
     assert got.expected_acceptance == pytest.approx(want, abs=1e-5)
