@@ -22,7 +22,7 @@ def test_default_model_loads_with_its_tokenizer_and_chat_template(smollm_fp32):
     assert smollm_fp32.tokenizer.chat_template
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "truncated:4"])
+@pytest.mark.parametrize("drafter", ["ngram", "truncated:4", "distilled", "distilled@bfloat16"])
 def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
     ar = Engine(smollm_fp32, EngineConfig(method="ar"))
     sd = Engine(smollm_fp32, EngineConfig(method="sd"), drafter=make_drafter(drafter, smollm_fp32, "float32"))
@@ -33,3 +33,18 @@ def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
     assert got.stats.num_draft_tokens > 0
     if drafter == "ngram":
         assert got.stats.mean_acceptance_length > 1.5  # the repeat is found and accepted
+
+
+def test_the_shipped_distilled_draft_belongs_to_the_default_target(smollm_fp32):
+    import json
+
+    from quickdraft.distill.student import SHIPPED, shipped_delta_dir
+
+    folder = shipped_delta_dir(smollm_fp32)
+    assert folder.parent == SHIPPED
+    meta = json.loads((folder / "distilled.json").read_text())
+    assert meta["target"] == "SmolLM2-135M-Instruct" and "quickdraft distill" in meta["command"]
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size < 50 * 2**20  # "a few tens of MB at most"
+    drafter = make_drafter("distilled", smollm_fp32)
+    assert drafter.model.head_ids is not None and len(drafter.model.head_ids) == meta["head_vocab"]
