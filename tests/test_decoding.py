@@ -7,7 +7,7 @@ import torch
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
-from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
+from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.verifiers import make_verifier
 
@@ -37,18 +37,22 @@ def drafters_for(target, name):
         return PromptLookupDrafter()
     if name == "noisy":
         return ModelDrafter(CachedModel(noisy_copy(target, 0.3).model))
+    if name == "chain":  # the copy where a 2-gram recurs, the noisy model elsewhere
+        noisy = ModelDrafter(CachedModel(noisy_copy(target, 0.3).model))
+        return FallbackDrafter([PromptLookupDrafter(max_ngram=3, min_ngram=2), noisy])
     return ModelDrafter(CachedModel(target.model))  # "same": draft == target
 
 
 # --- C1: greedy speculative == greedy plain -----------------------------------------------------
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "noisy", "same"])
+@pytest.mark.parametrize("drafter", ["ngram", "noisy", "same", "chain"])
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_greedy_sd_equals_plain_greedy_float64(drafter, k):
     target = tiny_llama(dtype=torch.float64)
     plain = Autoregressive(CachedModel(target.model))
-    spec = sd(target, drafters_for(target, drafter), k=k)
+    chosen = drafters_for(target, drafter)
+    spec = sd(target, chosen, k=k)
     drafted = accepted = 0
     for prompt in PROMPTS:
         want = run(plain, prompt).token_ids
@@ -57,6 +61,8 @@ def test_greedy_sd_equals_plain_greedy_float64(drafter, k):
         drafted += got.stats.num_draft_tokens
         accepted += got.stats.num_accepted_draft_tokens
     assert drafted > 0 and accepted > 0  # speculation happened and paid somewhere
+    if drafter == "chain":
+        assert min(chosen.rounds_by_drafter) > 0  # both stages drafted
 
 
 def test_plain_greedy_equals_full_recompute_oracle():

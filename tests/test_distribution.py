@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
-from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
+from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from quickdraft.sampling import logits_to_probs
 from quickdraft.verifiers.speculative import SpeculativeSampling
 
@@ -67,7 +67,10 @@ def _sample_many(decoder, prompt, length, sampling, n):
 
 
 def _decoder(p, q, k, verifier, drafter="model"):
-    d = ModelDrafter(MarkovModel(q)) if drafter == "model" else PromptLookupDrafter(max_ngram=1)
+    if drafter == "chain":  # a 2-gram copy where one recurs, the model elsewhere: both kinds of q
+        d = FallbackDrafter([PromptLookupDrafter(max_ngram=2, min_ngram=2), ModelDrafter(MarkovModel(q))])
+    else:
+        d = ModelDrafter(MarkovModel(q)) if drafter == "model" else PromptLookupDrafter(max_ngram=1)
     return SpeculativeDecoder(MarkovModel(p), d, verifier, lambda: make_draft_policy(DraftConfig(k)))
 
 
@@ -97,6 +100,16 @@ def test_prompt_lookup_loop_has_target_law():
         N,
     )
     assert min(_pair_pvalues(samples, 1, p, 5)) > 1e-4 / 5
+
+
+@pytest.mark.slow
+def test_fallback_chain_loop_has_target_law():
+    p, q = _chains(5)
+    decoder = _decoder(p, q, 3, SpeculativeSampling(), drafter="chain")
+    samples = _sample_many(decoder, [0, 1, 2, 0, 1], 6, SamplingConfig(temperature=1.0), N)
+    assert min(_pair_pvalues(samples, 1, p, 6)) > 1e-4 / 6
+    copy_rounds, model_rounds = decoder.drafter.rounds_by_drafter
+    assert copy_rounds > 0.1 * N and model_rounds > 0.1 * N  # both kinds of round were sampled
 
 
 @pytest.mark.slow

@@ -1,12 +1,14 @@
 """Drafter contracts: prompt lookup against its naive twin; the model drafter samples from exactly the q
 it returns and keeps its cache equal to the committed prefix."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters import ModelDrafter, PromptLookupDrafter, prompt_lookup
+from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter, make_drafter, prompt_lookup
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
 
@@ -76,3 +78,34 @@ def test_confidence_stop_ends_the_draft_early():
     m = tiny_llama(init=0.01).model  # flat logits: top-1 probability ~1/V
     prop = ModelDrafter(CachedModel(m)).propose([1, 2], 6, SamplingConfig(), None, lambda logits: False)
     assert len(prop) == 1
+
+
+def test_drafter_specs_build_ngram_bounds_and_fallback_chains():
+    target = tiny_llama()
+    ngram = make_drafter("ngram:4:2", target)
+    assert (ngram.max_ngram, ngram.min_ngram) == (4, 2)
+    chain = make_drafter("ngram:3:2+truncated:1", target)
+    assert isinstance(chain, FallbackDrafter) and chain.name == "ngram+truncated:1"
+    assert isinstance(chain.drafters[1], ModelDrafter)
+    for bad in ["ngram+", "+ngram", "ngram:x", "ngram:2:3", "ngram+nope"]:
+        with pytest.raises(QuickdraftError):
+            make_drafter(bad, target)
+
+
+def test_fallback_chain_uses_the_copy_where_it_matches_and_the_model_elsewhere():
+    m = tiny_llama(dtype=torch.float64).model
+    chain = FallbackDrafter([PromptLookupDrafter(max_ngram=3, min_ngram=2), ModelDrafter(CachedModel(m))])
+    chain.begin([1, 2, 3])
+    # no 2-token suffix recurs: the model drafts (its greedy chain)
+    prop = chain.propose([1, 2, 3], 2, SamplingConfig(), None)
+    assert prop.tokens[0] == int(naive_forward_logits(m, [1, 2, 3])[-1].argmax())
+    # "2 3" recurs: the copy drafts what followed it, and the model sits the round out
+    ctx = [1, 2, 3, 9, 2, 3]
+    assert chain.propose(ctx, 2, SamplingConfig(), None).tokens.tolist() == [9, 2]
+    assert chain.rounds_by_drafter == [1, 1]
+    # back to the model: it catches its cache up on the tokens it missed
+    ctx = ctx + [9, 5, 7]
+    prop = chain.propose(ctx, 1, SamplingConfig(), None)
+    assert prop.tokens[0] == int(naive_forward_logits(m, ctx)[-1].argmax())
+    assert chain.drafters[1].model.tokens == ctx
+    assert chain.rounds_by_drafter == [1, 2]

@@ -182,7 +182,7 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     from quickdraft.distill.data import FixedData, Sampled, sharegpt_examples
     from quickdraft.distill.evaluate import agreement
     from quickdraft.distill.losses import LossProcessing
-    from quickdraft.drafters import make_drafter
+    from quickdraft.drafters import ModelDrafter, make_drafter
     from quickdraft.models.loading import load_model
 
     _threads(args.threads)
@@ -216,6 +216,8 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     results = []
     for spec in args.drafter:
         drafter = make_drafter(spec, target, "float32")
+        if not isinstance(drafter, ModelDrafter):
+            raise QuickdraftError(f"distill-eval scores draft models; {spec!r} is not one (ngram or a '+' chain)")
         model, head_ids = drafter.model.model, drafter.model.head_ids
         row = {"drafter": spec}
         if head_ids is not None:

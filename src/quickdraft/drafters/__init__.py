@@ -1,9 +1,12 @@
 """Drafters and the name -> builder registry used at the CLI/server/benchmark edge.
 
-Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram), "model:PATH" (an independent
+Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram, "ngram:N:M" also the shortest, default
+1), "model:PATH" (an independent
 draft model folder), "truncated:N" (the target's first N layers + norm + head, a real-weights
 stand-in for a draft model), "distilled" (the DistillSpec draft shipped for the embedded default
 target) or "distilled:PATH" (a distilled delta folder written by `quickdraft distill`).
+Specs joined by "+" form a fallback chain, tried in order each round (e.g. "ngram:3:2+distilled": the
+n-gram copy where a suffix of 2 or 3 tokens recurs, the distilled draft elsewhere).
 
 A model drafter's spec may end with "@DTYPE" to run the draft in another dtype than the target, e.g.
 "distilled@bfloat16" under a float32 target (the draft's precision never affects losslessness).
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.errors import QuickdraftError
@@ -34,7 +38,10 @@ def _int_arg(kind: str, arg: str | None, default: int | None) -> int:
 
 
 def _ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
-    return PromptLookupDrafter(max_ngram=_int_arg("ngram", arg, 3))
+    longest, _, shortest = (arg or "").partition(":")
+    return PromptLookupDrafter(
+        max_ngram=_int_arg("ngram", longest or None, 3), min_ngram=_int_arg("ngram", shortest or None, 1)
+    )
 
 
 def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
@@ -90,11 +97,17 @@ def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Dra
     `dtype` is the engine's: an independent draft model loads in it, a copied draft (truncated,
     distilled) keeps the target's; "@DTYPE" at the end of the spec overrides both.
     """
+    if "+" in spec:
+        stages = spec.split("+")
+        if not all(stages):
+            raise QuickdraftError(f"drafter {spec!r}: empty stage in a '+' chain")
+        return FallbackDrafter([make_drafter(stage, target, dtype) for stage in stages])
     spec, own = split_dtype(spec)
     kind, _, arg = spec.partition(":")
     if kind not in DRAFTERS:
         raise QuickdraftError(
-            f"unknown drafter {spec!r}; choose one of: ngram, model:PATH, truncated:N, distilled[:PATH]"
+            f"unknown drafter {spec!r}; choose one of: ngram[:N[:M]], model:PATH, truncated:N, distilled[:PATH],"
+            " or a '+' chain of them"
         )
     if own is not None and kind == "ngram":
         raise QuickdraftError("the ngram drafter has no dtype: drop the '@...' suffix")
@@ -106,6 +119,7 @@ def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Dra
 __all__ = [
     "Drafter",
     "DRAFTERS",
+    "FallbackDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
     "empty_proposal",

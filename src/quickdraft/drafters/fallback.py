@@ -1,0 +1,61 @@
+"""A fallback chain of drafters ("A+B"): the first drafter that proposes anything drafts the round.
+
+The useful case is prompt lookup in front of a draft model ("ngram:3:2+distilled"): where the
+context repeats itself (extraction, summarisation, code edits) the free n-gram copy drafts, and
+elsewhere the model does. It is the statistical-bottom idea of CS Drafting used sideways: the
+cheap drafter is tried first rather than consulted by the expensive one.
+
+Losslessness is untouched: which drafter drafts depends only on the committed context, and each
+round's proposal carries its own q (None for the deterministic n-gram copy, the model's processed
+rows otherwise), which the verifier uses as it would for that drafter alone. A model drafter that
+sat out some rounds catches its cache up on its next `propose` (one forward over the missed
+tokens), so the chain needs no cache logic of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.errors import QuickdraftError
+from quickdraft.types import Proposal
+
+
+class FallbackDrafter:
+    """Ask each drafter in order; the first non-empty proposal is the round's.
+
+    Attributes:
+        drafters: the chain, tried first to last.
+        rounds_by_drafter: how many rounds each drafter drafted (same order), for reports.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        if len(drafters) < 2:
+            raise QuickdraftError("a fallback chain needs at least two drafters, e.g. ngram:3:2+distilled")
+        self.drafters = list(drafters)
+        self.name = "+".join(d.name for d in self.drafters)
+        self.rounds_by_drafter = [0] * len(self.drafters)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        for drafter in self.drafters:
+            drafter.begin(prompt_ids)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        for i, drafter in enumerate(self.drafters):
+            proposal = drafter.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
+            if proposal.tokens.numel():
+                self.rounds_by_drafter[i] += 1
+                return proposal
+        return empty_proposal()
