@@ -392,3 +392,7 @@ def test_export_vllm(tiny_model_dir, tmp_path, capsys):
     assert written["model"] == str(draft_dir.resolve()) and (draft_dir / "config.json").is_file()
     assert "vllm serve" in capsys.readouterr().err
     assert main(["export", "--to", "vllm", "--drafter", "truncated:1", "--target", tiny_model_dir]) == 2
+    cfg = vllm_speculative_config("ngram:4:2", 3)
+    assert (cfg["prompt_lookup_max"], cfg["prompt_lookup_min"]) == (4, 2)
+    for bad in ["ngram:x", "ngram:2:4", "ngram:3:2+distilled"]:  # clear errors, exit 2, no traceback
+        assert main(["export", "--to", "vllm", "--drafter", bad, "--target", tiny_model_dir]) == 2

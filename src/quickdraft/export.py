@@ -4,25 +4,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.drafters.ngram import parse_ngram_arg
 from quickdraft.errors import QuickdraftError
 
 
 def vllm_speculative_config(drafter: str, num_draft_tokens: int, draft_dir: str | None = None) -> dict:
     """vLLM's speculative_config for a drafter spec.
 
-    ngram[:N] -> method "ngram" (prompt_lookup_max N, min 1); model:PATH -> method "draft_model";
+    ngram[:N[:M]] -> method "ngram" (prompt_lookup_max N, prompt_lookup_min M, default 3 and 1);
+    model:PATH -> method "draft_model"; a "+" chain has no equivalent and is refused;
     truncated:N has no vLLM equivalent as such: pass `draft_dir`, where the caller saved the
     truncated draft as an ordinary HF folder, and it becomes a draft_model.
     """
     if num_draft_tokens < 1:
         raise QuickdraftError(f"draft length must be >= 1, got {num_draft_tokens}")
+    if "+" in drafter:
+        raise QuickdraftError(f"drafter {drafter!r}: vLLM has no fallback chains; export one drafter")
     kind, _, arg = drafter.partition(":")
     if kind == "ngram":
+        longest, shortest = parse_ngram_arg(arg)
         return {
             "method": "ngram",
             "num_speculative_tokens": num_draft_tokens,
-            "prompt_lookup_max": int(arg) if arg else 3,
-            "prompt_lookup_min": 1,
+            "prompt_lookup_max": longest,
+            "prompt_lookup_min": shortest,
         }
     if kind == "model":
         if not arg:

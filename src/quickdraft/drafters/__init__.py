@@ -20,7 +20,7 @@ from pathlib import Path
 from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.model_drafter import ModelDrafter
-from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
+from quickdraft.drafters.ngram import PromptLookupDrafter, parse_ngram_arg, prompt_lookup
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import DTYPES, LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
@@ -38,10 +38,8 @@ def _int_arg(kind: str, arg: str | None, default: int | None) -> int:
 
 
 def _ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
-    longest, _, shortest = (arg or "").partition(":")
-    return PromptLookupDrafter(
-        max_ngram=_int_arg("ngram", longest or None, 3), min_ngram=_int_arg("ngram", shortest or None, 1)
-    )
+    longest, shortest = parse_ngram_arg(arg)
+    return PromptLookupDrafter(max_ngram=longest, min_ngram=shortest)
 
 
 def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
