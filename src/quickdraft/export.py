@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quickdraft.drafters.ngram import parse_ngram_arg
 from quickdraft.errors import QuickdraftError
 
 
@@ -22,12 +21,14 @@ def vllm_speculative_config(drafter: str, num_draft_tokens: int, draft_dir: str 
         raise QuickdraftError(f"drafter {drafter!r}: vLLM has no fallback chains; export one drafter")
     kind, _, arg = drafter.partition(":")
     if kind == "ngram":
-        longest, shortest = parse_ngram_arg(arg)
+        from quickdraft.drafters import ngram_drafter  # the drafter's own parsing and checks
+
+        lookup = ngram_drafter(arg)
         return {
             "method": "ngram",
             "num_speculative_tokens": num_draft_tokens,
-            "prompt_lookup_max": longest,
-            "prompt_lookup_min": shortest,
+            "prompt_lookup_max": lookup.max_ngram,
+            "prompt_lookup_min": lookup.min_ngram,
         }
     if kind == "model":
         if not arg:

@@ -1,10 +1,9 @@
 """Drafters and the name -> builder registry used at the CLI/server/benchmark edge.
 
-Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram, "ngram:N:M" also the shortest, default
-1), "model:PATH" (an independent
-draft model folder), "truncated:N" (the target's first N layers + norm + head, a real-weights
-stand-in for a draft model), "distilled" (the DistillSpec draft shipped for the embedded default
-target) or "distilled:PATH" (a distilled delta folder written by `quickdraft distill`).
+Specs: "ngram" (prompt lookup; "ngram:N" sets the longest n-gram, "ngram:N:M" also the shortest,
+default 1), "model:PATH" (an independent draft model folder), "truncated:N" (the target's first N
+layers + norm + head, a real-weights stand-in for a draft model), "distilled" (the DistillSpec draft
+shipped for the embedded default target) or "distilled:PATH" (a distilled delta folder written by `quickdraft distill`).
 Specs joined by "+" form a fallback chain, tried in order each round (e.g. "ngram:3:2+distilled": the
 n-gram copy where a suffix of 2 or 3 tokens recurs, the distilled draft elsewhere).
 
@@ -20,7 +19,7 @@ from pathlib import Path
 from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.model_drafter import ModelDrafter
-from quickdraft.drafters.ngram import PromptLookupDrafter, parse_ngram_arg, prompt_lookup
+from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import DTYPES, LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
@@ -37,9 +36,16 @@ def _int_arg(kind: str, arg: str | None, default: int | None) -> int:
         raise QuickdraftError(f"drafter {kind!r} needs an integer argument, e.g. {kind}:3 (got {arg!r})") from None
 
 
+def ngram_drafter(arg: str | None) -> PromptLookupDrafter:
+    """The prompt-lookup drafter for the "N" or "N:M" after "ngram:" (longest, shortest n-gram)."""
+    longest, _, shortest = (arg or "").partition(":")
+    return PromptLookupDrafter(
+        max_ngram=_int_arg("ngram", longest or None, 3), min_ngram=_int_arg("ngram", shortest or None, 1)
+    )
+
+
 def _ngram(arg: str | None, target: LoadedModel, dtype: str) -> Drafter:
-    longest, shortest = parse_ngram_arg(arg)
-    return PromptLookupDrafter(max_ngram=longest, min_ngram=shortest)
+    return ngram_drafter(arg)
 
 
 def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
@@ -122,5 +128,6 @@ __all__ = [
     "PromptLookupDrafter",
     "empty_proposal",
     "make_drafter",
+    "ngram_drafter",
     "prompt_lookup",
 ]

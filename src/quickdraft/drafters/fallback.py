@@ -51,8 +51,6 @@ class FallbackDrafter:
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
     ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
         for i, drafter in enumerate(self.drafters):
             proposal = drafter.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
             if proposal.tokens.numel():

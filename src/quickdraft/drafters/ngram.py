@@ -41,18 +41,6 @@ def prompt_lookup(context: Sequence[int], num_draft_tokens: int, max_ngram: int 
     return []
 
 
-def parse_ngram_arg(arg: str | None) -> tuple[int, int]:
-    """The "N" or "N:M" after "ngram:" -> (longest, shortest) n-gram; defaults (3, 1)."""
-    longest, _, shortest = (arg or "").partition(":")
-    try:
-        sizes = int(longest or 3), int(shortest or 1)
-    except ValueError:
-        raise QuickdraftError(f"drafter 'ngram' takes ngram:N or ngram:N:M with integers (got {arg!r})") from None
-    if not 1 <= sizes[1] <= sizes[0]:
-        raise QuickdraftError(f"n-gram sizes need 1 <= min <= max, got min={sizes[1]} max={sizes[0]}")
-    return sizes
-
-
 class PromptLookupDrafter:
     """Drafter wrapper around `prompt_lookup` (name "ngram")."""
 
