@@ -124,12 +124,14 @@ def tiny_target() -> LoadedModel:
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}.{% endfor %}"
 
 
-def tiny_text_model(seed: int = 0, dtype: torch.dtype = torch.float32, chat: bool = True) -> LoadedModel:
+def tiny_text_model(
+    seed: int = 0, dtype: torch.dtype = torch.float32, chat: bool = True, layers: int = 2
+) -> LoadedModel:
     """A tiny model with the character tokenizer (eos id 1) so text prompts and stop strings work."""
     tok = char_tokenizer()
     if chat:
         tok.chat_template = CHAT_TEMPLATE
-    return tiny_llama(vocab=len(tok), seed=seed, dtype=dtype, tokenizer=tok, eos=tok.eos_token_id)
+    return tiny_llama(vocab=len(tok), layers=layers, seed=seed, dtype=dtype, tokenizer=tok, eos=tok.eos_token_id)
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
 def test_the_shipped_distilled_draft_belongs_to_the_default_target(smollm_fp32):
     import json
 
-    from quickdraft.distill.student import SHIPPED, shipped_delta_dir
+    from quickdraft.models.delta import SHIPPED, shipped_delta_dir
 
     folder = shipped_delta_dir(smollm_fp32)
     assert folder.parent == SHIPPED

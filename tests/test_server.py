@@ -396,3 +396,99 @@ def test_export_vllm(tiny_model_dir, tmp_path, capsys):
     assert (cfg["prompt_lookup_max"], cfg["prompt_lookup_min"]) == (4, 2)
     for bad in ["ngram:x", "ngram:2:4", "ngram:3:2+distilled"]:  # clear errors, exit 2, no traceback
         assert main(["export", "--to", "vllm", "--drafter", bad, "--target", tiny_model_dir]) == 2
+
+
+# --- pathological bodies: 4xx before any work, never a 500 -------------------------------------------
+
+PATHOLOGICAL = [
+    b"[" * 5000 + b"]" * 5000,  # nesting deeper than the parser's recursion limit
+    b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",  # an integer too long to convert
+    b'{"prompt": "a", "temperature": NaN}',
+    b'{"prompt": "a", "temperature": Infinity}',
+    b'{"prompt": "a", "seed": 18446744073709551616}',  # beyond 64 bits
+    b'{"prompt": "a", "top_p": 1e999}',
+    b'{"prompt": "\\ud800"}',  # a lone surrogate
+    b"\xff\xfe\x00",  # not UTF-8
+    b'{"prompt": "a", "n": ' + b"[" * 900 + b"]" * 900 + b"}",  # deep but parseable, in an error message
+    b'{"messages": [{"role": "user", "content": [{"type": "text", "text": ' + b"[" * 900 + b"]" * 900 + b"}]}]}",
+]
+
+
+@pytest.mark.parametrize("body", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
+def test_pathological_json_gets_4xx(client, body):
+    path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert len(r.json()["error"]["message"]) < 500  # the client's value is quoted short
+    good(client)
+
+
+def test_parse_request_raises_only_api_errors_on_any_json():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from quickdraft.server.protocol import APIError, parse_request
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5)
+    values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c))
+    keys = st.sampled_from(
+        [
+            "prompt",
+            "messages",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "stop",
+            "stream",
+            "stream_options",
+            "model",
+            "n",
+            "logprobs",
+            "role",
+            "content",
+        ]
+    )
+    bodies = st.dictionaries(keys, values, max_size=6) | values
+
+    @settings(max_examples=300, deadline=None)
+    @given(bodies, st.sampled_from(["completion", "chat"]))
+    def check(body, kind):
+        try:
+            parse_request(body, kind, 16)
+        except APIError as err:
+            assert 400 <= err.status < 500
+
+    check()
+
+
+def test_body_size_limit_is_configurable_and_checked_before_reading(engine):
+    app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=8, max_body_bytes=1000)
+    with TestClient(app) as c:
+        wait_ready(c)
+        small = {"prompt": "abc", "max_tokens": 2, "temperature": 0}
+        assert c.post("/v1/completions", json=small).status_code == 200
+        r = c.post("/v1/completions", json={"prompt": "a" * 2000})
+        assert r.status_code == 413 and "1000" in r.json()["error"]["message"]
+
+        def chunked():  # no Content-Length: counted while read, stopped at the limit
+            yield b'{"prompt": "'
+            for _ in range(100):
+                yield b"a" * 100
+            yield b'"}'
+
+        r = c.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        assert c.post("/v1/completions", json=small).status_code == 200
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(client, engine):
+    # the tiny model: context 4096, longest vocabulary entry 5 characters ("<pad>")
+    r = client.post("/v1/completions", json={"prompt": "a" * (4096 * 5 + 1), "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "characters" in err["message"]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "b" * 30000}]})
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+    good(client)

@@ -88,6 +88,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--max-queue", dest="max_queue", type=int, help="requests allowed to wait (default 8); more get 429"
     )
     srv.add_argument("--default-max-tokens", dest="default_max_tokens", type=int, help="default 256")
+    srv.add_argument(
+        "--max-body-bytes", dest="max_body_bytes", type=int, help="larger request bodies get 413 (default 4 MiB)"
+    )
     srv.add_argument("--target", help="local HF model folder (default: the embedded model)")
     srv.add_argument("--dtype", choices=DTYPES)
     srv.add_argument("--threads", type=int)
@@ -185,9 +188,12 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
     from quickdraft.server import ServeConfig, engine_loader, load_config_file, serve
 
-    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    known = {f.name for f in fields(ServeConfig)}  # flags map to settings by name; nothing else passes
+    given = {k: v for k, v in vars(args).items() if k in known}
     settings = load_config_file(args.config) if getattr(args, "config", None) else {}
     cfg = ServeConfig(**{**settings, **given})
     engine_loader(cfg)  # validate method/drafter names before binding the port
@@ -196,18 +202,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
     from quickdraft.models.default import default_model_dir, ensure_default_model
 
     target_dir = args.target or str(default_model_dir())
-    if args.drafter.startswith("truncated:"):
-        from quickdraft.drafters import _int_arg
+    stages = parse_drafter_spec(args.drafter)
+    if stages[0].kind == "truncated" and len(stages) == 1:
         from quickdraft.models.loading import load_model, truncated_copy
 
         if args.draft_out is None:
             raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
         target = load_model(args.target, "bfloat16")
-        draft = truncated_copy(target, _int_arg("truncated", args.drafter.partition(":")[2], None))
+        draft = truncated_copy(target, int(stages[0].arg))
         draft.model.save_pretrained(args.draft_out)
         if draft.tokenizer is not None:
             draft.tokenizer.save_pretrained(args.draft_out)

@@ -38,6 +38,9 @@ class SamplingConfig:
         p = self.top_p
         if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
             raise QuickdraftError(f"top_p must be in (0, 1], got {p!r}")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
+            raise QuickdraftError(f"seed must be a 64-bit integer, got {seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -16,8 +16,8 @@ from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_costs, step_seconds
-from quickdraft.drafters import Drafter, make_drafter
-from quickdraft.errors import QuickdraftError
+from quickdraft.drafters import Drafter, make_drafter, parse_drafter_spec
+from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.types import GenerationResult
@@ -40,6 +40,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise QuickdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method != "ar":
+            parse_drafter_spec(self.drafter)  # a bad spec is refused before any model loads
 
 
 class Engine:
@@ -53,6 +55,7 @@ class Engine:
         self.dtype = dtype
         self._parallel = None
         self._pearl_gamma: int | None = None
+        self._max_token_chars: int | None = None
         self.target = CachedModel(target.model, target.vocab_size)
         if config.method == "ar":
             self.drafter = None
@@ -81,6 +84,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise QuickdraftError("prompt is empty")
+            self._check_chars(len(prompt))
             if tok is None:
                 raise QuickdraftError("this target has no tokenizer: pass token ids")
             if raw or not tok.chat_template:
@@ -91,6 +95,7 @@ class Engine:
         if all(isinstance(m, dict) for m in prompt):
             if tok is None or not tok.chat_template:
                 raise QuickdraftError("chat messages need a target with a chat template")
+            self._check_chars(sum(len(str(m.get("content", ""))) for m in prompt))
             text = tok.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
             return list(tok(text, add_special_tokens=False).input_ids)
         ids = [int(t) for t in prompt]
@@ -98,6 +103,17 @@ class Engine:
         if bad:
             raise QuickdraftError(f"token id {bad[0]} is outside the vocabulary [0, {self.target.vocab_size})")
         return ids
+
+    def _check_chars(self, num_chars: int) -> None:
+        """Refuse, before tokenizing, a text that must exceed the context: no token is longer than the
+        longest vocabulary entry, so it has at least num_chars / that many tokens."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(map(len, self.target_info.tokenizer.get_vocab()), default=1)
+        if num_chars > self.context_length * self._max_token_chars:
+            raise ContextLengthError(
+                f"prompt of {num_chars} characters cannot fit the model's context length of "
+                f"{self.context_length} tokens"
+            )
 
     def detokenize(self, ids: list[int]) -> str:
         tok = self.target_info.tokenizer
@@ -130,7 +146,7 @@ class Engine:
         """Raise if the prompt plus the token budget does not fit the target's context."""
         limit = self.context_length
         if num_prompt_tokens + max_new_tokens > limit:
-            raise QuickdraftError(
+            raise ContextLengthError(
                 f"prompt ({num_prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"model's context length of {limit} tokens"
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.drafters.spec import ngram_sizes, parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 
 
@@ -17,28 +18,25 @@ def vllm_speculative_config(drafter: str, num_draft_tokens: int, draft_dir: str 
     """
     if num_draft_tokens < 1:
         raise QuickdraftError(f"draft length must be >= 1, got {num_draft_tokens}")
-    if "+" in drafter:
+    stages = parse_drafter_spec(drafter)
+    if len(stages) > 1:
         raise QuickdraftError(f"drafter {drafter!r}: vLLM has no fallback chains; export one drafter")
-    kind, _, arg = drafter.partition(":")
-    if kind == "ngram":
-        from quickdraft.drafters import ngram_drafter  # the drafter's own parsing and checks
-
-        lookup = ngram_drafter(arg)
+    spec = stages[0]
+    if spec.kind == "ngram":
+        longest, shortest = ngram_sizes(spec.arg)
         return {
             "method": "ngram",
             "num_speculative_tokens": num_draft_tokens,
-            "prompt_lookup_max": lookup.max_ngram,
-            "prompt_lookup_min": lookup.min_ngram,
+            "prompt_lookup_max": longest,
+            "prompt_lookup_min": shortest,
         }
-    if kind == "model":
-        if not arg:
-            raise QuickdraftError("drafter 'model' needs a path: model:PATH")
+    if spec.kind == "model":
         return {
             "method": "draft_model",
-            "model": str(Path(arg).expanduser().resolve()),
+            "model": str(Path(spec.arg).expanduser().resolve()),
             "num_speculative_tokens": num_draft_tokens,
         }
-    if kind == "truncated":
+    if spec.kind == "truncated":
         if draft_dir is None:
             raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
         return {

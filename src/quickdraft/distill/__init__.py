@@ -2,8 +2,9 @@
 
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix, sharegpt_examples
 from quickdraft.distill.losses import LossProcessing, acceptance, distill_loss, fkl, jsd, make_divergence, rkl, tvd
-from quickdraft.distill.student import Student, load_delta, make_student, save_delta
+from quickdraft.distill.student import Student, make_student, save_delta
 from quickdraft.distill.trainer import DistillConfig, Distiller, scored_logits
+from quickdraft.models.delta import load_delta
 
 __all__ = [
     "Batch",

@@ -5,8 +5,8 @@ final norm and the tied embedding/LM head, which stay frozen) or from a small co
 target's architecture and vocabulary (``small:layers=N,hidden=H,intermediate=I,heads=A,kv_heads=K``,
 randomly initialised, everything trained).
 
-A distilled truncated student is shipped as a delta: only its trained tensors plus a small JSON
-that names the target it belongs to. `load_delta` rebuilds the full draft from the target.
+A distilled truncated student is shipped as a delta (`save_delta`; the format and its reader,
+`load_delta`, live in `models/delta.py`).
 """
 
 from __future__ import annotations
@@ -19,28 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.delta import DELTA_HEAD, DELTA_META, DELTA_WEIGHTS
 from quickdraft.models.loading import LoadedModel, truncated_copy
-
-DELTA_WEIGHTS = "draft_delta.safetensors"
-DELTA_META = "distilled.json"
-DELTA_HEAD = "head_ids.safetensors"
-SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "distilled"
-SHIPPED_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
-
-
-def shipped_delta_dir(target: LoadedModel) -> Path:
-    """The delta folder shipped with the package for `target` (only the embedded default has one)."""
-    key = SHIPPED_FOR.get(target.name)
-    if key is None or not (SHIPPED / key / DELTA_META).is_file():
-        raise QuickdraftError(
-            f"no distilled draft ships for target {target.name!r}; train one with `quickdraft distill` "
-            "and pass --drafter distilled:RUN/delta"
-        )
-    return SHIPPED / key
 
 
 @dataclass
@@ -150,40 +134,3 @@ def save_delta(
         (folder / DELTA_HEAD).unlink(missing_ok=True)
     (folder / DELTA_META).write_text(json.dumps(full, indent=2) + "\n")
     return folder
-
-
-def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:
-    """Rebuild a distilled truncated draft for `target` from a delta folder (default: the target's dtype)."""
-    meta_path = folder / DELTA_META
-    if not meta_path.is_file() or not (folder / DELTA_WEIGHTS).is_file():
-        raise QuickdraftError(f"{folder} holds no distilled draft ({DELTA_META} + {DELTA_WEIGHTS})")
-    meta = json.loads(meta_path.read_text())
-    cfg = target.model.config
-    mine = {
-        "hidden_size": int(cfg.hidden_size),
-        "vocab_size": target.output_vocab_size,
-        "model_type": cfg.model_type,
-    }
-    wrong = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
-    if wrong:
-        raise QuickdraftError(
-            f"the distilled draft in {folder} was trained for another target "
-            f"({', '.join(f'{k}: draft {a} vs target {b}' for k, (a, b) in wrong.items())})"
-        )
-    draft = truncated_copy(target, int(meta["num_layers"]), dtype)
-    tensors = load_file(str(folder / DELTA_WEIGHTS))
-    own = dict(draft.model.named_parameters())
-    missing = [n for n in tensors if n not in own]
-    if missing:
-        raise QuickdraftError(f"distilled draft has tensors the model lacks: {missing[:3]}")
-    with torch.no_grad():
-        for n, t in tensors.items():
-            if own[n].shape != t.shape:
-                raise QuickdraftError(
-                    f"distilled tensor {n} has shape {tuple(t.shape)}, expected {tuple(own[n].shape)}"
-                )
-            own[n].copy_(t.to(own[n].dtype))
-    draft.name = f"distilled[{folder.name}]"
-    if (folder / DELTA_HEAD).is_file():
-        draft.head_ids = load_file(str(folder / DELTA_HEAD))["head_ids"].long()
-    return draft

@@ -28,6 +28,13 @@ class ServeConfig:
     port: int = 8000
     max_queue: int = 8
     default_max_tokens: int = 256
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_queue", "default_max_tokens", "max_body_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
+                raise QuickdraftError(f"serve setting {name} must be a positive integer, got {value!r}")
 
 
 def load_config_file(path: str) -> dict:
@@ -63,5 +70,5 @@ def serve(cfg: ServeConfig) -> None:
 
     from quickdraft.server.app import create_app
 
-    app = create_app(engine_loader(cfg), cfg.model_name, cfg.max_queue, cfg.default_max_tokens)
+    app = create_app(engine_loader(cfg), cfg.model_name, cfg.max_queue, cfg.default_max_tokens, cfg.max_body_bytes)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")

@@ -18,12 +18,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.engine import Engine
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.server.protocol import APIError, chunk, final_chunk, full_response, new_id, parse_request
 from quickdraft.server.worker import DoneEvent, ErrorEvent, TokenEvent, Worker
 from quickdraft.types import GenerationResult
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024  # default request size limit (413 above it)
 
 
 class Metrics:
@@ -109,7 +109,11 @@ def error_response(err: APIError, headers: dict | None = None) -> JSONResponse:
 
 
 def create_app(
-    load_engine: Callable[[], Engine], model_name: str | None = None, max_queue: int = 8, default_max_tokens: int = 256
+    load_engine: Callable[[], Engine],
+    model_name: str | None = None,
+    max_queue: int = 8,
+    default_max_tokens: int = 256,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the app; `load_engine` runs in a background thread at start-up (health is 503 until done)."""
     state: dict = {"engine": None, "error": None, "name": model_name}
@@ -165,15 +169,25 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def read_json(request: Request) -> object:
+        """The parsed body: 415 unless JSON, 413 above max_body_bytes (checked on Content-Length before
+        reading, and again while reading for bodies without one), 400 for anything json can't parse,
+        nesting too deep for the parser included."""
         ctype = request.headers.get("content-type", "")
         if not ctype.split(";")[0].strip().lower() == "application/json":
             raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise APIError(413, f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of {max_body_bytes}")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > max_body_bytes:
+                raise APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
         try:
             return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except RecursionError:
+            raise APIError(400, "the request body is nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, over-long integers
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
 
     async def completion(request: Request, kind: str) -> Response:
@@ -181,16 +195,15 @@ def create_app(
         engine = ready_engine()
         if req.model is not None and req.model != state["name"]:
             raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)
-        try:
+        try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
             ids = engine.encode(req.messages if kind == "chat" else req.prompt)
             sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
             stop = StopConfig(req.max_tokens, engine.target_info.eos_token_ids, tuple(req.stop))
+            engine.check_length(len(ids), req.max_tokens)  # before the request takes a queue slot
+        except ContextLengthError as exc:
+            raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
         except QuickdraftError as exc:
             raise APIError(400, str(exc)) from None
-        try:  # the engine's own check, before the request takes a queue slot
-            engine.check_length(len(ids), req.max_tokens)
-        except QuickdraftError as exc:
-            raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
         if not worker.try_admit():
             return error_response(
                 APIError(429, f"server busy: {worker.max_queue} requests already waiting", type_="rate_limit_exceeded"),

@@ -9,6 +9,7 @@ ones).
 from __future__ import annotations
 
 import math
+import reprlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -77,12 +78,29 @@ class CompletionRequest:
     return_spec_stats: bool = False
 
 
+def _short(value: object, limit: int = 80) -> str:
+    """repr of a client's value for an error message, cut to `limit` characters (bodies can be MBs)."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, limit, limit
+    text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_text(text: str, param: str) -> str:
+    """A client string the tokenizer can take: valid Unicode (JSON allows lone surrogates, which are not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"'{param}' contains an invalid Unicode character (a lone surrogate)", param) from None
+    return text
+
+
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise APIError(400, f"'{name}' must be a finite number, got {value!r}", name)
+        raise APIError(400, f"'{name}' must be a finite number, got {_short(value)}", name)
     if not lo <= value <= hi:
         raise APIError(400, f"'{name}' must be in [{lo}, {hi}], got {value}", name)
     return float(value)
@@ -93,7 +111,7 @@ def _integer(body: dict, name: str, default: int | None, lo: int) -> int | None:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(400, f"'{name}' must be an integer, got {value!r}", name)
+        raise APIError(400, f"'{name}' must be an integer, got {_short(value)}", name)
     if value < lo:
         raise APIError(400, f"'{name}' must be at least {lo}, got {value}", name)
     return value
@@ -104,7 +122,7 @@ def _check_unsupported(body: dict) -> None:
         if name in body and body[name] not in (off, None) and body[name] != {} and body[name] != []:
             if name == "response_format" and body[name] == {"type": "text"}:
                 continue
-            raise APIError(400, f"'{name}' is not supported by this server (got {body[name]!r})", name)
+            raise APIError(400, f"'{name}' is not supported by this server (got {_short(body[name])})", name)
 
 
 def _messages(value: object) -> list[dict]:
@@ -116,7 +134,7 @@ def _messages(value: object) -> list[dict]:
             raise APIError(400, f"messages[{i}] must be an object", "messages")
         role, content = m.get("role"), m.get("content")
         if role not in ("system", "user", "assistant"):
-            raise APIError(400, f"messages[{i}].role must be system, user or assistant, got {role!r}", "messages")
+            raise APIError(400, f"messages[{i}].role must be system, user or assistant, got {_short(role)}", "messages")
         if isinstance(content, list):  # OpenAI content parts: text only
             if not all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
@@ -125,7 +143,7 @@ def _messages(value: object) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string", "messages")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _check_text(content, "messages")})
     return out
 
 
@@ -135,7 +153,7 @@ def _prompt(value: object) -> str | list[int]:
     if isinstance(value, str):
         if not value:
             raise APIError(400, "'prompt' must not be empty", "prompt")
-        return value
+        return _check_text(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and len(value) > 1:
@@ -177,7 +195,7 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 non-empty strings", "stop")
-    req.stop = stops
+    req.stop = [_check_text(s, "stop") for s in stops]
     for flag in ("stream", "return_spec_stats"):
         value = body.get(flag, False)
         if not isinstance(value, bool):

@@ -1,0 +1,108 @@
+"""The drafter-spec grammar and its one parser (no models are loaded here).
+
+    chain   := stage ("+" stage)*            a fallback chain, tried in order each round
+    stage   := kind [":" arg] ["@" DTYPE]     DTYPE: bfloat16 | float32 | float64 (model drafters only)
+
+Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (prompt lookup, longest N
+and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
+`truncated:N` (the target's first N layers), `distilled[:PATH]` (a DistillSpec delta; without PATH
+the one shipped for the default target). Every surface (CLI, server, bench, export, Python API)
+parses through `parse_drafter_spec`, so a bad spec is refused with the same message before any
+model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quickdraft.config import DTYPES
+from quickdraft.errors import QuickdraftError
+
+
+def int_arg(kind: str, arg: str | None, default: int | None = None, lo: int = 1) -> int:
+    """An integer drafter argument (>= lo), or `default` when absent."""
+    if arg is None and default is not None:
+        return default
+    try:
+        value = int(arg)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise QuickdraftError(f"drafter {kind!r} needs an integer argument, e.g. {kind}:3 (got {arg!r})") from None
+    if value < lo:
+        raise QuickdraftError(f"drafter {kind!r}: the argument must be >= {lo}, got {value}")
+    return value
+
+
+def ngram_sizes(arg: str | None) -> tuple[int, int]:
+    """(longest, shortest) n-gram of "N" or "N:M" (default 3 and 1)."""
+    longest, _, shortest = (arg or "").partition(":")
+    hi, lo = int_arg("ngram", longest or None, 3), int_arg("ngram", shortest or None, 1)
+    if lo > hi:
+        raise QuickdraftError(f"drafter 'ngram:{arg}': the shortest n-gram ({lo}) exceeds the longest ({hi})")
+    return hi, lo
+
+
+def _required_path(kind: str) -> Callable[[str | None], None]:
+    def check(arg: str | None) -> None:
+        if not arg:
+            raise QuickdraftError(f"drafter {kind!r} needs a path: {kind}:PATH")
+
+    return check
+
+
+@dataclass(frozen=True)
+class KindSyntax:
+    """How one drafter kind is written: its argument check and whether it runs a model (takes @DTYPE)."""
+
+    usage: str
+    check_arg: Callable[[str | None], object]
+    has_model: bool = True
+
+
+SYNTAX: dict[str, KindSyntax] = {
+    "ngram": KindSyntax("ngram[:N[:M]]", ngram_sizes, has_model=False),
+    "model": KindSyntax("model:PATH", _required_path("model")),
+    "truncated": KindSyntax("truncated:N", lambda arg: int_arg("truncated", arg)),
+    "distilled": KindSyntax("distilled[:PATH]", lambda arg: None),
+}
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One parsed stage: kind, its argument (None when absent) and its own dtype (None: inherit)."""
+
+    kind: str
+    arg: str | None = None
+    dtype: str | None = None
+
+    def __str__(self) -> str:
+        text = self.kind + (f":{self.arg}" if self.arg is not None else "")
+        return text + (f"@{self.dtype}" if self.dtype else "")
+
+
+def _parse_stage(text: str, whole: str) -> DrafterSpec:
+    body, at, dtype = text.rpartition("@") if "@" in text else (text, "", "")
+    if at and dtype not in DTYPES:
+        raise QuickdraftError(
+            f"drafter {whole!r}: unknown dtype {dtype!r} after '@'; choose one of {', '.join(DTYPES)}"
+        )
+    kind, colon, arg = body.partition(":")
+    if kind not in SYNTAX:
+        usage = ", ".join(s.usage for s in SYNTAX.values())
+        raise QuickdraftError(f"unknown drafter {text!r}; choose one of: {usage}, or a '+' chain of them")
+    syntax = SYNTAX[kind]
+    if at and not syntax.has_model:
+        raise QuickdraftError(f"the {kind} drafter has no dtype: drop the '@...' suffix")
+    arg_or_none = arg if colon and arg else None
+    syntax.check_arg(arg_or_none)
+    return DrafterSpec(kind, arg_or_none, dtype or None)
+
+
+def parse_drafter_spec(text: str) -> tuple[DrafterSpec, ...]:
+    """Parse a drafter spec string into its stages (one, or several for a '+' chain)."""
+    if not isinstance(text, str) or not text.strip():
+        raise QuickdraftError("the drafter spec is empty")
+    stages = text.strip().split("+")
+    if not all(stages):
+        raise QuickdraftError(f"drafter {text!r}: empty stage in a '+' chain")
+    return tuple(_parse_stage(stage, text) for stage in stages)

