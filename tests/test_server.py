@@ -349,8 +349,9 @@ def test_yaml_config(tmp_path):
 
     path = tmp_path / "serve.yaml"
     path.write_text("drafter: ngram\ndraft_length: 6\nport: 9001\n")
-    cfg = ServeConfig(**{**load_config_file(str(path)), "port": 9002})
-    assert cfg.drafter == "ngram" and cfg.draft_length == 6 and cfg.port == 9002 and cfg.host == "127.0.0.1"
+    cfg = ServeConfig.from_settings({**load_config_file(str(path)), "port": 9002})
+    assert cfg.engine.drafter == "ngram" and cfg.engine.draft.num_draft_tokens == 6
+    assert cfg.port == 9002 and cfg.host == "127.0.0.1"
     path.write_text("drafer: ngram\n")
     with pytest.raises(QuickdraftError, match="unknown settings"):
         load_config_file(str(path))

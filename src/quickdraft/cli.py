@@ -10,41 +10,19 @@ import argparse
 import json
 import sys
 
-from quickdraft.config import DTYPES, DraftConfig
-from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.errors import QuickdraftError
+from quickdraft.options import OPTIONS, add_option_flags, given_options, options_from
+
+MODEL_OPTIONS = ("target", "dtype", "threads")
+DECODE_OPTIONS = tuple(o for o in OPTIONS if o not in MODEL_OPTIONS)
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=None, help="local HF model folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="model dtype (default: bfloat16)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_option_flags(p, MODEL_OPTIONS)
 
 
-def _add_decode_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--method",
-        default="sd",
-        choices=("ar", "sd", "pearl"),
-        help="ar = plain decoding, sd = speculative, pearl = PEARL (draft and target at the same time)",
-    )
-    p.add_argument("--gamma", default="auto", help="PEARL window: an integer or auto (measured; default)")
-    p.add_argument("--parallel", action="store_true", help="PEARL in two worker processes (1 core each at least)")
-    p.add_argument("--no-pre-verify", action="store_true", help="PEARL ablation: turn pre-verify off")
-    p.add_argument("--no-post-verify", action="store_true", help="PEARL ablation: turn post-verify off")
-    p.add_argument(
-        "--drafter",
-        default="ngram",
-        help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH] (default: ngram)",
-    )
-    p.add_argument("--draft-length", type=int, default=4, help="draft tokens per round, gamma (default: 4)")
-    p.add_argument("--draft-schedule", default="fixed", choices=("fixed", "heuristic", "confidence"))
-    p.add_argument("--confidence-threshold", type=float, default=0.4, help="for --draft-schedule confidence")
-    p.add_argument(
-        "--verifier",
-        default=None,
-        help="greedy | speculative (lossless; default by temperature) | lenient[:L] (LOSSY, temperature > 0)",
-    )
+def _add_request_flags(p: argparse.ArgumentParser) -> None:
+    """Per-request settings (sampling and end conditions)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -61,8 +39,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt (the chat template is applied unless --raw)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"}')
-    _add_model_flags(gen)
-    _add_decode_flags(gen)
+    add_option_flags(gen, OPTIONS)
+    _add_request_flags(gen)
     gen.set_defaults(func=_cmd_generate)
 
     prep = sub.add_parser("prepare", help="convert the embedded default model once (GGUF -> safetensors cache)")
@@ -91,20 +69,13 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-body-bytes", dest="max_body_bytes", type=int, help="larger request bodies get 413 (default 4 MiB)"
     )
-    srv.add_argument("--target", help="local HF model folder (default: the embedded model)")
-    srv.add_argument("--dtype", choices=DTYPES)
-    srv.add_argument("--threads", type=int)
-    srv.add_argument("--method", choices=("ar", "sd"))
-    srv.add_argument("--drafter", help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH]")
-    srv.add_argument("--draft-length", dest="draft_length", type=int)
-    srv.add_argument("--draft-schedule", dest="draft_schedule", choices=("fixed", "heuristic", "confidence"))
-    srv.add_argument("--confidence-threshold", dest="confidence_threshold", type=float)
+    add_option_flags(srv, OPTIONS)
     srv.set_defaults(func=_cmd_serve)
 
     exp = sub.add_parser("export", help="write the equivalent config of another engine")
     exp.add_argument("--to", required=True, choices=("vllm",))
-    exp.add_argument("--drafter", default="ngram", help="ngram[:N] | model:PATH | truncated:LAYERS | distilled[:PATH]")
-    exp.add_argument("--draft-length", type=int, default=4)
+    exp.add_argument("--drafter", default=OPTIONS["drafter"].default, help=OPTIONS["drafter"].help)
+    exp.add_argument("--draft-length", type=int, default=OPTIONS["draft_length"].default)
     exp.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
     exp.add_argument("--draft-out", default=None, help="where to save a truncated draft as an HF folder")
     exp.add_argument("--format", default="json", choices=("json", "yaml"))
@@ -140,23 +111,16 @@ def _format_stats(stats: dict) -> str:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.engine import Engine, EngineConfig
+    from quickdraft.engine import Engine
+    from quickdraft.verifiers import make_verifier
 
     # validate every flag before the (slow) model load
-    SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    config = options_from(given_options(args))
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
-    draft = DraftConfig(args.draft_length, args.draft_schedule, args.confidence_threshold)
-    try:
-        gamma = None if args.gamma == "auto" else int(args.gamma)
-    except ValueError:
-        raise QuickdraftError(f"--gamma must be an integer or auto, got {args.gamma!r}") from None
-    pearl = PearlConfig(gamma, not args.no_pre_verify, not args.no_post_verify, args.parallel)
-    config = EngineConfig(method=args.method, drafter=args.drafter, draft=draft, verifier=args.verifier, pearl=pearl)
-    if args.verifier is not None:  # validate the name before the model load
-        from quickdraft.verifiers import make_verifier
-
-        make_verifier(args.verifier, SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))
-    engine = Engine.load(args.target, config, args.dtype, args.threads)
+    if config.verifier is not None:
+        make_verifier(config.verifier, sampling)
+    engine = Engine.load(config=config)
     try:
         result = engine.generate(
             args.prompt,
@@ -174,8 +138,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
         return 0
     print(result.text)
-    label = "plain decoding" if args.method == "ar" else f"{args.method}, drafter {engine.drafter.name}"
-    print(f"\n--- {engine.target_info.name} ({args.dtype}), {label}, finish_reason={result.finish_reason}")
+    label = "plain decoding" if engine.drafter is None else f"{config.method}, drafter {engine.drafter.name}"
+    print(f"\n--- {engine.target_info.name} ({config.dtype}), {label}, finish_reason={result.finish_reason}")
     print(_format_stats(result.stats.to_dict()))
     return 0
 
@@ -190,14 +154,12 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from quickdraft.server import ServeConfig, engine_loader, load_config_file, serve
+    from quickdraft.server import ServeConfig, load_config_file, serve
 
-    known = {f.name for f in fields(ServeConfig)}  # flags map to settings by name; nothing else passes
+    known = {f.name for f in fields(ServeConfig)} | set(OPTIONS)  # flags map to settings by name
     given = {k: v for k, v in vars(args).items() if k in known}
     settings = load_config_file(args.config) if getattr(args, "config", None) else {}
-    cfg = ServeConfig(**{**settings, **given})
-    engine_loader(cfg)  # validate method/drafter names before binding the port
-    serve(cfg)
+    serve(ServeConfig.from_settings({**settings, **given}))  # names validated before the port binds
     return 0
 
 

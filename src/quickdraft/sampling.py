@@ -16,6 +16,35 @@ def _prob_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
+def support(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """The tokens top-k then top-p keep, from temperature-scaled logits x: (..., V) bool, or None (all)."""
+    vocab = x.shape[-1]
+    if not 0 < top_k < vocab and top_p >= 1.0:
+        return None
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if 0 < top_k < vocab:
+        keep &= x >= torch.topk(x, top_k, dim=-1).values[..., -1:]
+    if top_p < 1.0:  # the smallest most-likely set whose mass reaches top_p (at least one token)
+        probs = torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+        keep_sorted[..., 0] = True
+        keep &= torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    return keep
+
+
+def processed_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Temperature (> 0), then top-k, then top-p: (..., V) logits in the probability dtype, -inf outside
+    the kept set. Differentiable in the kept entries (the distillation loss uses it; the kept set is
+    chosen without gradient)."""
+    if config.greedy:
+        raise ValueError("processed_logits needs a temperature > 0 (greedy has no logits to process)")
+    x = logits.to(_prob_dtype(logits)) / config.temperature
+    with torch.no_grad():
+        keep = support(x.detach(), config.top_k, config.top_p)
+    return x if keep is None else x.masked_fill(~keep, float("-inf"))
+
+
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p, then softmax.
 
@@ -26,28 +55,10 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     Returns:
         (..., V) probabilities in float32 (float64 for float64 input), rows summing to 1.
     """
-    x = logits.to(_prob_dtype(logits))
     if config.greedy:
+        x = logits.to(_prob_dtype(logits))
         return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
-    x = x / config.temperature
-    if 0 < config.top_k < x.shape[-1]:
-        kth = torch.topk(x, config.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if config.top_p < 1.0:
-        probs = _top_p_filter(probs, config.top_p)
-    return probs
-
-
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest most-likely set whose mass reaches top_p (at least one token); renormalise."""
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p
-    keep_sorted[..., 0] = True
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(-1, keepdim=True)
+    return torch.softmax(processed_logits(logits, config), dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

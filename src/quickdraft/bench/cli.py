@@ -46,7 +46,9 @@ def add_bench_parser(sub, add_model_flags) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.runner import BenchConfig, run_bench
+    from quickdraft.options import given_options, options_from
 
+    model = options_from(given_options(args, ("target", "dtype", "threads")))  # defaults and checks as everywhere
     for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win
         if getattr(args, key) is None:
             setattr(args, key, value if args.quick else DEFAULTS.get(key))
@@ -57,9 +59,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
         runs=args.runs,
-        target=args.target,
-        dtype=args.dtype,
-        threads=args.threads,
+        target=model.target,
+        dtype=model.dtype,
+        threads=model.threads,
         out=args.out,
         command="quickdraft " + shlex.join(sys.argv[1:]),
     )

@@ -1,9 +1,11 @@
 """Benchmark methods: `NAME[:key=value,...]` specs -> objects with one `run(prompt_ids)` contract.
 
-Names: "ar" (plain decoding), "sd" (speculative decoding; keys drafter, draft_length, schedule,
-threshold), "pearl" (keys drafter, gamma (default: measured), pre_verify, post_verify, parallel (0/1;
-parallel workers use 1 + 1 of the cores)) and the peer "hf-assisted" (transformers' generate() with assistant_model= or
-prompt_lookup_num_tokens=; keys drafter, draft_length, schedule).
+Our methods are the registry's (`decoding.registry.METHODS`: ar, sd, pearl) and their keys are the
+option names of `options.OPTIONS` that the method reads (sd: drafter, draft_length, draft_schedule
+(alias schedule), confidence_threshold (alias threshold), verifier; pearl: drafter, verifier, gamma,
+pre_verify, post_verify, parallel), with the same defaults as the CLI. The peers run transformers'
+own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "hf-assisted"
+(assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule).
 """
 
 from __future__ import annotations
@@ -13,19 +15,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
-from quickdraft.decoding.pearl import PearlConfig
-from quickdraft.drafters import make_drafter
-from quickdraft.engine import Engine, EngineConfig
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding.registry import METHODS
+from quickdraft.drafters import make_drafter, parse_drafter_spec
+from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
+from quickdraft.options import OPTIONS, option_name, options_from
 
-KEYS = {
-    "ar": set(),
-    "sd": {"drafter", "draft_length", "schedule", "threshold"},
-    "hf-assisted": {"drafter", "draft_length", "schedule"},
-    "pearl": {"drafter", "gamma", "pre_verify", "post_verify", "parallel"},
-}
+PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule")}
+KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
+
+
+def _check_key(method: str, key: str) -> None:
+    where = f"method {method!r}: "
+    if method not in PEERS:
+        option_name(key, METHODS[method].options, where)
+    elif key not in PEERS[method]:
+        raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(PEERS[method]) or 'none'})")
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,7 @@ def parse_methods(text: str) -> list[MethodSpec]:
             key, eq, value = item.partition("=")
             if not eq or not value:
                 raise QuickdraftError(f"method option {item!r} must look like key=value")
-            if key not in KEYS[specs[-1][0]]:
-                allowed = ", ".join(sorted(KEYS[specs[-1][0]])) or "none"
-                raise QuickdraftError(f"method {specs[-1][0]!r} has no option {key!r} (options: {allowed})")
+            _check_key(specs[-1][0], key)
             specs[-1][1].append((key, value))
     if not specs:
         raise QuickdraftError("no methods given")
@@ -89,15 +94,6 @@ class RunOutput:
     extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
 
 
-def _flag(spec: MethodSpec, key: str, default: bool) -> bool:
-    value = spec.get(key)
-    if value is None:
-        return default
-    if value not in ("0", "1", "true", "false"):
-        raise QuickdraftError(f"{spec.text}: {key} must be 0 or 1")
-    return value in ("1", "true")
-
-
 def _int(spec: MethodSpec, key: str, default: int) -> int:
     try:
         return int(spec.get(key, str(default)))
@@ -106,30 +102,18 @@ def _int(spec: MethodSpec, key: str, default: int) -> int:
 
 
 class QuickdraftMethod:
-    """Our own methods (ar, sd) through the Engine."""
+    """Our own methods (ar, sd, pearl) through the Engine, options parsed as everywhere else."""
 
     def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str) -> None:
         self.spec = spec
-        draft = DraftConfig(
-            num_draft_tokens=_int(spec, "draft_length", 4),
-            schedule=spec.get("schedule", "fixed"),
-            confidence_threshold=float(spec.get("threshold", "0.4")),
-        )
-        pearl = PearlConfig()
-        if spec.name == "pearl":
-            gamma = spec.get("gamma", "auto")
-            pearl = PearlConfig(
-                gamma=None if gamma == "auto" else _int(spec, "gamma", 4),
-                pre_verify=_flag(spec, "pre_verify", True),
-                post_verify=_flag(spec, "post_verify", True),
-                parallel=_flag(spec, "parallel", True),
-            )
-        config = EngineConfig(method=spec.name, drafter=spec.get("drafter", "ngram"), draft=draft, pearl=pearl)
-        self.engine = Engine(target, config, dtype=dtype)
+        values = {"method": spec.name, "dtype": dtype, **dict(spec.options)}
+        allowed = ("method", "dtype", *METHODS[spec.name].options)
+        config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
+        self.engine = Engine(target, config)
 
     @property
     def speculative(self) -> bool:
-        return self.spec.name != "ar"
+        return METHODS[self.spec.name].uses_drafter
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         stop = StopConfig(max_new_tokens, self.engine.target_info.eos_token_ids)
@@ -153,23 +137,26 @@ class QuickdraftMethod:
 
 
 class HFAssisted:
-    """The peer: transformers' generate() with assisted decoding, on the same target and draft.
+    """The peers: transformers' own generate() on the same target, plain greedy ("hf-ar") or with
+    assisted decoding ("hf-assisted", same draft).
 
     Target forwards are counted with a forward pre-hook; HF reports no acceptance counts, so only
     tokens per target forward is available.
     """
 
-    speculative = True
-
     def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str) -> None:
         self.spec, self.target = spec, target
-        drafter = spec.get("drafter", "ngram")
-        k = _int(spec, "draft_length", 4)
+        self.speculative = spec.name == "hf-assisted"
+        self.forwards = 0
+        self.kwargs: dict = {}
+        if not self.speculative:
+            return
+        drafter = spec.get("drafter", OPTIONS["drafter"].default)
+        k = _int(spec, "draft_length", OPTIONS["draft_length"].default)
         schedule = spec.get("schedule", "constant")
         if schedule not in ("constant", "heuristic"):
             raise QuickdraftError(f"{spec.text}: hf-assisted schedule is constant or heuristic")
-        self.kwargs: dict = {}
-        if drafter.split(":")[0] == "ngram":
+        if parse_drafter_spec(drafter)[0].kind == "ngram":
             self.kwargs["prompt_lookup_num_tokens"] = k
         else:
             draft = make_drafter(drafter, target, dtype)
@@ -177,7 +164,6 @@ class HFAssisted:
             assistant.generation_config.num_assistant_tokens = k
             assistant.generation_config.num_assistant_tokens_schedule = schedule
             self.kwargs["assistant_model"] = assistant
-        self.forwards = 0
 
     def _count(self, module, args) -> None:
         self.forwards += 1
@@ -205,5 +191,8 @@ class HFAssisted:
         return RunOutput(out[0, len(prompt_ids) :].tolist(), wall, self.forwards)
 
 
+PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted}
+
+
 def build_method(spec: MethodSpec, target: LoadedModel, dtype: str):
-    return HFAssisted(spec, target, dtype) if spec.name == "hf-assisted" else QuickdraftMethod(spec, target, dtype)
+    return PEER_CLASSES.get(spec.name, QuickdraftMethod)(spec, target, dtype)

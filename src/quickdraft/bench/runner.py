@@ -19,9 +19,9 @@ from tqdm import tqdm
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.methods import MethodSpec, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
-from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.prompts import PromptCodec
 
 QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories
 
@@ -81,8 +81,8 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
     methods = {s.text: build_method(s, target, config.dtype) for s in specs}
-    encoder = Engine(target, EngineConfig(method="ar"))
-    prompt_ids = {r.question_id: encoder.encode(r.prompt) for r in records}
+    codec = PromptCodec(target.tokenizer, target.vocab_size, int(target.model.config.max_position_embeddings))
+    prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

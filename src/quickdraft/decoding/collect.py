@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from quickdraft.config import StopConfig
+from quickdraft.prompts import IncrementalDetokenizer
 from quickdraft.types import GenerationResult, Round, SpecStats
 
 Detokenize = Callable[[list[int]], str]
@@ -57,19 +58,27 @@ class Collector:
         self._cut_text: str | None = None
         self._rounds = 0
         self._start = time.perf_counter()
+        self._detok = IncrementalDetokenizer(detokenize) if detokenize is not None else None
+        self._text_lengths: list[int] = []  # complete-character text length after each token
+        self._longest_stop = max(map(len, stop.stop_strings), default=0)
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
 
     def _check(self, token: int) -> None:
+        text, before = "", 0
+        if self._detok is not None:
+            before = self._text_lengths[-1] if self._text_lengths else 0
+            text = self._detok.add([token])
+            self._text_lengths.append(len(text.rstrip("\ufffd")))
         if token in self.stop.eos_token_ids:
             self.finish_reason = "stop"
-        elif self.stop.stop_strings and self.detokenize is not None:
-            decoded = self.detokenize(self.tokens)
-            cut = min((i for s in self.stop.stop_strings if (i := decoded.find(s)) >= 0), default=-1)
-            if cut >= 0:
-                self.finish_reason, self._cut_text = "stop", decoded[:cut]
+        elif self.stop.stop_strings and self._detok is not None:
+            start = max(0, before - self._longest_stop)  # only where a stop string can newly end
+            hits = [i for s in self.stop.stop_strings if (i := text.find(s, start)) >= 0]
+            if hits:
+                self.finish_reason, self._cut_text = "stop", text[: min(hits)]
         if not self.done and len(self.tokens) >= self.stop.max_new_tokens:
             self.finish_reason = "length"
 
@@ -89,18 +98,17 @@ class Collector:
     def text(self, upto: int | None = None) -> str:
         """The final text; or, while running (or for the first `upto` tokens), the text so far minus
         what a stop string could still cut (vLLM's hold-back) and an incomplete multi-byte character."""
-        if self.detokenize is None:
+        if self._detok is None:
             return ""
         n = len(self.tokens) if upto is None else upto
         final = self.done and n == len(self.tokens)
         if final and self._cut_text is not None:
             return self._cut_text
-        text = self.detokenize(self.tokens[:n])
-        if not final:
-            hold = max((len(s) - 1 for s in self.stop.stop_strings), default=0)
-            text = text[: len(text) - hold] if hold else text
-            text = text.rstrip("\ufffd")
-        return text
+        if final:
+            return self._detok.text
+        text = self._detok.text[: self._text_lengths[n - 1]] if n else ""
+        hold = max(self._longest_stop - 1, 0)
+        return text[: len(text) - hold] if hold else text
 
     def result(self) -> GenerationResult:
         self.stats.wall_s = time.perf_counter() - self._start

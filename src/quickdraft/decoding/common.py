@@ -26,6 +26,7 @@ class Generators:
 
     target: torch.Generator
     draft: torch.Generator
+    seed: int | None = None  # what they were made from (a worker process rebuilds them from it)
 
     @classmethod
     def from_seed(cls, seed: int | None) -> Generators:
@@ -33,6 +34,7 @@ class Generators:
         return cls(
             target=torch.Generator().manual_seed(seed),
             draft=torch.Generator().manual_seed((seed * 1_000_003 + 7) % 2**63),
+            seed=seed,
         )
 
 

@@ -33,6 +33,7 @@ from quickdraft.decoding.common import Generators, prefill_step
 from quickdraft.drafters.base import Drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.timing import step_seconds  # noqa: F401  (re-exported)
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Proposal, Round
 from quickdraft.verifiers import Verifier
@@ -176,21 +177,6 @@ class PearlLogic:
         return len(self.committed) - 1
 
 
-def step_seconds(model: CachedModel, context: int = 64, repeats: int = 5) -> float:
-    """Median seconds of one single-token cached step after `context` tokens (the cache is reset)."""
-    probe = [i % model.vocab_size for i in range(3, 3 + context)]
-    model.reset()
-    model.extend(probe)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.extend(probe[-1:], last_only=True)
-        times.append(time.perf_counter() - start)
-        model.rollback(context)
-    model.reset()
-    return sorted(times)[len(times) // 2]
-
-
 DEFAULT_GAMMA = 4  # for drafters with no model (prompt lookup): their steps cost ~nothing to measure
 
 
@@ -204,19 +190,25 @@ def gamma_from_costs(target_s: float, draft_s: float | None) -> int:
 
 
 class PearlDecoder:
-    """PEARL run sequentially in one process (method "pearl"): the reference the parallel runner
-    must match token for token. It is not faster than vanilla SD (nothing overlaps); it is exact."""
+    """PEARL's driver loop (method "pearl"). In one process the two halves run one after the other
+    (exact, not faster); the parallel runner (`pearl_parallel.py`) runs this same loop in its target
+    worker with a drafter that receives the draft worker's tokens, so each round starts the target's
+    forward before it asks for the drafts (which the other process drafts meanwhile).
+
+    `last_verdict` is the verdict of the last yielded round (None for the first, prefill round)."""
 
     name = "pearl"
 
     def __init__(self, target: CachedModel, drafter: Drafter, verifier: Verifier, config: PearlConfig, gamma: int):
         self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
         self.lossy = verifier.lossy
+        self.last_verdict: PearlVerdict | None = None
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         self.drafter.begin(prompt_ids)
+        self.last_verdict = None
         first = prefill_step(self.target, prompt_ids, sampling, generators.target)
         yield first
         logic = PearlLogic(
@@ -228,17 +220,20 @@ class PearlDecoder:
         )
         draft_s = 0.0
         while True:
-            drafted, drafted_q, draft_s = self._draft(logic, sampling, generators, draft_s)
             feed = logic.target_job()
-            if feed is None:  # draft-only round
+            start = time.perf_counter()
+            p = None if feed is None else logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
+            verify_s = time.perf_counter() - start
+            drafted, drafted_q, draft_s = self._draft(logic, sampling, generators, draft_s)
+            if p is None:  # draft-only round
                 logic.apply(None, drafted, drafted_q)
                 continue
             start = time.perf_counter()
-            p = logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
             verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators.target)
             rnd = logic.apply(verdict, drafted, drafted_q)
             self.target.rollback(logic.target_cache_length)
-            rnd.draft_s, rnd.verify_s, draft_s = draft_s, time.perf_counter() - start, 0.0
+            rnd.draft_s, rnd.verify_s, draft_s = draft_s, verify_s + time.perf_counter() - start, 0.0
+            self.last_verdict = verdict
             yield rnd
 
     def _draft(self, logic: PearlLogic, sampling, generators, draft_s: float):

@@ -2,8 +2,9 @@
 
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix, sharegpt_examples
 from quickdraft.distill.losses import LossProcessing, acceptance, distill_loss, fkl, jsd, make_divergence, rkl, tvd
+from quickdraft.distill.scoring import scored_logits
 from quickdraft.distill.student import Student, make_student, save_delta
-from quickdraft.distill.trainer import DistillConfig, Distiller, scored_logits
+from quickdraft.distill.trainer import DistillConfig, Distiller
 from quickdraft.models.delta import load_delta
 
 __all__ = [

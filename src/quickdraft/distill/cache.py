@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from quickdraft.distill.data import Batch, Example, FixedData, Sampled, _response_scored, collate
+from quickdraft.distill.scoring import scored_logits
 from quickdraft.errors import QuickdraftError
 
 CACHE_META = "cache.json"
@@ -98,7 +99,6 @@ def build_cache(
         examples: prompts (and references for ``fixed``), in a fixed order: shard i holds examples
             [i*shard_size, (i+1)*shard_size), so an interrupted build resumes at the first missing shard.
     """
-    from quickdraft.distill.trainer import scored_logits
 
     if spec.source not in ("fixed", "target"):
         raise QuickdraftError(f"a cache holds 'fixed' or 'target' data, got {spec.source!r}")

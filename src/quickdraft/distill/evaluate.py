@@ -17,7 +17,7 @@ import torch
 
 from quickdraft.distill.data import Batch
 from quickdraft.distill.losses import LossProcessing, acceptance, processed_logprobs
-from quickdraft.distill.trainer import scored_logits
+from quickdraft.distill.scoring import scored_logits
 
 
 @dataclass

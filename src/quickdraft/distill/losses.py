@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.config import SamplingConfig
 from quickdraft.errors import QuickdraftError
+from quickdraft.sampling import processed_logits
 
 _NEG = -1e4  # stands in for log(0) inside a product with a zero weight
 
@@ -40,26 +42,14 @@ class LossProcessing:
 
 
 def processed_logprobs(logits: torch.Tensor, proc: LossProcessing) -> torch.Tensor:
-    """(N, V) logits -> (N, V) float32 log-probabilities after temperature/top-k/top-p (-inf outside).
+    """(N, V) logits -> (N, V) log-probabilities after temperature/top-k/top-p (-inf outside).
 
-    The top-k/top-p support is chosen without gradient; inside it the log-softmax is differentiable.
+    The processing is inference's own (`sampling.processed_logits`), so the loss sees exactly the p
+    and q that speculative sampling will compare. The top-k/top-p support is chosen without
+    gradient; inside it the log-softmax is differentiable.
     """
-    x = logits.float() / proc.temperature
-    if 0 < proc.top_k < x.shape[-1] or proc.top_p < 1.0:
-        with torch.no_grad():
-            keep = torch.ones_like(x, dtype=torch.bool)
-            if 0 < proc.top_k < x.shape[-1]:
-                kth = torch.topk(x, proc.top_k, dim=-1).values[..., -1:]
-                keep &= x >= kth
-            if proc.top_p < 1.0:
-                probs = torch.softmax(x.masked_fill(~keep, float("-inf")), -1)
-                sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-                before = torch.cumsum(sorted_probs, -1) - sorted_probs
-                keep_sorted = before < proc.top_p
-                keep_sorted[..., 0] = True
-                keep &= torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        x = x.masked_fill(~keep, float("-inf"))
-    return torch.log_softmax(x, dim=-1)
+    sampling = SamplingConfig(temperature=proc.temperature, top_k=proc.top_k, top_p=proc.top_p)
+    return torch.log_softmax(processed_logits(logits.float(), sampling), dim=-1)
 
 
 def _kl(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:

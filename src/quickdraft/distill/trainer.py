@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from quickdraft.distill.cache import CachedData, topk_divergence
 from quickdraft.distill.data import Batch, Example, Mixture, parse_mix
 from quickdraft.distill.losses import LossProcessing, distill_loss, make_divergence
+from quickdraft.distill.scoring import scored_logits
 from quickdraft.distill.student import Student, rank_tokens, save_delta
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
@@ -77,21 +78,6 @@ class DistillConfig:
     cache: str = ""
     draft_vocab: int = 0
     extra: dict = field(default_factory=dict)
-
-
-def scored_logits(model, batch: Batch) -> torch.Tensor:
-    """Run a causal LM over the batch and return logits only where scored: (N, V).
-
-    The LM head (the cost that dominates a small draft) is applied to the N scored positions only.
-    """
-    out = model.get_decoder()(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[batch.loss_mask]  # (N, H)
-    return model.get_output_embeddings()(hidden)  # (N, V)
 
 
 class Distiller:

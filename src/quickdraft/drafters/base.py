@@ -43,6 +43,11 @@ class Drafter(Protocol):
         """
         ...
 
+    def step_seconds(self) -> float | None:
+        """Measured seconds of one draft step, or None when drafting costs next to nothing (no model).
+        Used to size PEARL's window; may reset the drafter's state (call between generations)."""
+        ...
+
 
 def empty_proposal() -> Proposal:
     return Proposal(tokens=torch.zeros(0, dtype=torch.long), q_probs=None)

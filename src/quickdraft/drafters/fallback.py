@@ -43,6 +43,11 @@ class FallbackDrafter:
         for drafter in self.drafters:
             drafter.begin(prompt_ids)
 
+    def step_seconds(self) -> float | None:
+        """The costliest stage's step (None when no stage has a model): the chain's worst case."""
+        costs = [c for d in self.drafters if (c := d.step_seconds()) is not None]
+        return max(costs) if costs else None
+
     def propose(
         self,
         context: Sequence[int],

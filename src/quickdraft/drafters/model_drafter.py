@@ -33,6 +33,12 @@ class ModelDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.model.reset()
 
+    def step_seconds(self) -> float:
+        """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
+        from quickdraft.models.timing import step_seconds
+
+        return step_seconds(self.model)
+
     def propose(
         self,
         context: Sequence[int],

@@ -53,6 +53,9 @@ class PromptLookupDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         pass
 
+    def step_seconds(self) -> None:
+        return None  # a lookup, no model: its cost is noise next to a forward
+
     def propose(
         self,
         context: Sequence[int],

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.options import OPTIONS, EngineConfig, options_from
 
 
 @dataclass
 class ServeConfig:
-    """`quickdraft serve` settings; a YAML file may set any of them (flags given explicitly win).
+    """`quickdraft serve` settings: the server's own, plus the engine's options (the same names as the
+    CLI and the bench: method, drafter, draft_length, ..., target, dtype, threads). A YAML file may
+    set any of them; flags given explicitly win."""
 
-    Method and drafter use the same names as the CLI and the benchmark (drafter spec strings go
-    through the drafter registry, so new drafters need no server change)."""
-
-    target: str | None = None
-    dtype: str = "bfloat16"
-    threads: int | None = None
-    method: str = "sd"
-    drafter: str = "ngram"
-    draft_length: int = 4
-    draft_schedule: str = "fixed"
-    confidence_threshold: float = 0.4
+    engine: EngineConfig = field(default_factory=EngineConfig)
     model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -36,8 +30,19 @@ class ServeConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
                 raise QuickdraftError(f"serve setting {name} must be a positive integer, got {value!r}")
 
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, object], where: str = "") -> ServeConfig:
+        """Split flat settings into the server's and the engine's (options.OPTIONS); refuse others."""
+        own = {f.name for f in fields(cls)} - {"engine"}
+        unknown = sorted(set(settings) - own - set(OPTIONS))
+        if unknown:
+            raise QuickdraftError(f"{where}unknown settings {unknown}; known: {sorted(own | set(OPTIONS))}")
+        engine = options_from({k: v for k, v in settings.items() if k in OPTIONS}, where=where)
+        return cls(engine=engine, **{k: v for k, v in settings.items() if k in own})
+
 
 def load_config_file(path: str) -> dict:
+    """The settings mapping of a YAML file (validated by `ServeConfig.from_settings`)."""
     import yaml
 
     p = Path(path)
@@ -49,20 +54,15 @@ def load_config_file(path: str) -> dict:
         raise QuickdraftError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise QuickdraftError(f"{path}: expected a mapping of settings")
-    known = {f.name for f in fields(ServeConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise QuickdraftError(f"{path}: unknown settings {unknown}; known: {sorted(known)}")
+    ServeConfig.from_settings(data, where=f"{path}: ")  # unknown names refused here, naming the file
     return data
 
 
 def engine_loader(cfg: ServeConfig):
-    from quickdraft.config import DraftConfig
-    from quickdraft.engine import Engine, EngineConfig
+    """A function that loads the engine (run in the background while /health says 503)."""
+    from quickdraft.engine import Engine
 
-    draft = DraftConfig(cfg.draft_length, cfg.draft_schedule, cfg.confidence_threshold)
-    engine_cfg = EngineConfig(method=cfg.method, drafter=cfg.drafter, draft=draft)  # validates names now
-    return lambda: Engine.load(cfg.target, engine_cfg, cfg.dtype, cfg.threads)
+    return lambda: Engine.load(config=cfg.engine)
 
 
 def serve(cfg: ServeConfig) -> None:

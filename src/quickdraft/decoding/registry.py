@@ -1,0 +1,111 @@
+"""The method registry: method name -> how its decoder is built, which options it reads.
+
+Every decoder has `name`, `lossy` and `rounds(prompt_ids, sampling, max_new_tokens, generators)`
+yielding one `Round` per target forward; a decoder holding processes or threads also has `close()`.
+The Engine looks a method up here and never switches on its name; the CLI, the server and the bench
+take their method lists from here. Adding a method: a decoder class and one `Method` row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from quickdraft.config import SamplingConfig
+from quickdraft.decoding.adaptive import make_draft_policy
+from quickdraft.decoding.autoregressive import Autoregressive
+from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs, step_seconds
+from quickdraft.decoding.vanilla import SpeculativeDecoder
+from quickdraft.drafters.base import Drafter
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.verifiers import make_verifier
+
+if TYPE_CHECKING:  # EngineConfig's module imports this one
+    from quickdraft.options import EngineConfig
+
+
+@dataclass
+class DecodeParts:
+    """What decoders are built from: the target's cache owner, the drafter, the options, and a
+    per-engine memo for what is measured or started once (PEARL's gamma, its worker processes)."""
+
+    target: CachedModel
+    drafter: Drafter | None
+    config: EngineConfig
+    target_name: str | None = None
+    memo: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Stop whatever a decoder started (worker processes)."""
+        for value in list(self.memo.values()):
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
+        self.memo.clear()
+
+
+def drafter_step_seconds(drafter: Drafter | None) -> float | None:
+    """The drafter's own measured cost of one draft step (None for model-free drafters)."""
+    measure = getattr(drafter, "step_seconds", None)
+    return measure() if measure is not None else None
+
+
+def pearl_gamma(parts: DecodeParts) -> int:
+    """PEARL's window: the configured one, else measured once per engine (target step / draft step)."""
+    if parts.config.pearl.gamma is not None:
+        return parts.config.pearl.gamma
+    if "pearl_gamma" not in parts.memo:
+        parts.memo["pearl_gamma"] = gamma_from_costs(step_seconds(parts.target), drafter_step_seconds(parts.drafter))
+    return parts.memo["pearl_gamma"]
+
+
+def _ar(parts: DecodeParts, sampling: SamplingConfig):
+    return Autoregressive(parts.target)
+
+
+def _sd(parts: DecodeParts, sampling: SamplingConfig):
+    verifier = make_verifier(parts.config.verifier, sampling)
+    return SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft))
+
+
+def _pearl(parts: DecodeParts, sampling: SamplingConfig):
+    verifier = make_verifier(parts.config.verifier, sampling)  # refuses bad combinations here, not in a worker
+    if not parts.config.pearl.parallel:
+        return PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
+    if "pearl_parallel" not in parts.memo:
+        from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
+
+        cfg = parts.config
+        spec = ParallelSpec(parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores())
+        parts.memo["pearl_parallel"] = ParallelPearl(spec)
+    return parts.memo["pearl_parallel"].decoder(verifier)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A decoding method: its decoder builder, whether it drafts, the options it reads (beyond the
+    model's: target, dtype, threads)."""
+
+    name: str
+    help: str
+    build: Callable[[DecodeParts, SamplingConfig], object]
+    uses_drafter: bool
+    options: tuple[str, ...]
+
+
+_DRAFT = ("drafter", "draft_length", "draft_schedule", "confidence_threshold", "verifier")
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("ar", "plain autoregressive decoding (the baseline)", _ar, False, ()),
+        Method("sd", "speculative decoding", _sd, True, _DRAFT),
+        Method(
+            "pearl",
+            "PEARL: the draft keeps drafting while the target verifies",
+            _pearl,
+            True,
+            ("drafter", "verifier", "gamma", "pre_verify", "post_verify", "parallel"),
+        ),
+    )
+}

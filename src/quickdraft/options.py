@@ -1,0 +1,208 @@
+"""The options model: how a generation runs, with one set of defaults, one validator, one parser.
+
+`EngineConfig` holds every choice (method, drafter spec, draft policy, verifier, PEARL window,
+target, dtype, threads); its parts (`DraftConfig`, `PearlConfig`) validate themselves. `OPTIONS` is
+the one table of flat option names as every surface spells them: CLI flags (`--draft-length`),
+serve YAML keys and flags, bench method keys (`sd:draft_length=3`) and `quickdraft.generate()`
+keywords. `options_from` is the one parser (strings are coerced by the option's type, unknown names
+refused with the known ones listed); `add_option_flags` makes the CLI flags from the same table.
+Adding an option: a field on a config dataclass and one row here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from quickdraft.config import DTYPES, DraftConfig
+from quickdraft.decoding.pearl import PearlConfig
+from quickdraft.decoding.registry import METHODS
+from quickdraft.drafters.spec import parse_drafter_spec
+from quickdraft.errors import QuickdraftError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What an Engine runs and how it loads (defaults: speculative decoding with prompt lookup).
+
+    Attributes:
+        method: a name in `decoding.registry.METHODS` (ar, sd, pearl).
+        drafter: a drafter spec (`drafters/spec.py`); unused by ar.
+        draft: draft length and schedule.
+        verifier: greedy | speculative | lenient[:L]; None picks the lossless one for the temperature.
+        pearl: PEARL's window and ablations (method pearl only).
+        target: a local HF folder; None is the embedded default.
+        dtype: the models' dtype.
+        threads: torch CPU threads (None: torch's choice).
+    """
+
+    method: str = "sd"
+    drafter: str = "ngram"
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    verifier: str | None = None
+    pearl: PearlConfig = field(default_factory=PearlConfig)
+    target: str | None = None
+    dtype: str = "bfloat16"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise QuickdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if METHODS[self.method].uses_drafter:
+            parse_drafter_spec(self.drafter)  # a bad spec is refused before any model loads
+        if self.dtype not in DTYPES:
+            raise QuickdraftError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise QuickdraftError(f"threads must be >= 1, got {self.threads}")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _int_or_auto(text: str) -> int | None:
+    return None if text == "auto" else int(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flat option: where it lives in EngineConfig, how a string becomes its value, its help."""
+
+    name: str
+    path: tuple[str, ...]
+    parse: Callable[[str], object]
+    help: str
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    flag: str | None = None  # a CLI flag other than --name-with-dashes (boolean switches)
+
+    @property
+    def default(self) -> object:
+        value: object = EngineConfig()
+        for part in self.path:
+            value = getattr(value, part)
+        return value
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("method", ("method",), str, "ar = plain, sd = speculative, pearl = PEARL", tuple(METHODS)),
+        Option("drafter", ("drafter",), str, "ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | A+B"),
+        Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
+        Option(
+            "draft_schedule",
+            ("draft", "schedule"),
+            str,
+            "fixed | heuristic (+2/-1) | confidence",
+            ("fixed", "heuristic", "confidence"),
+            aliases=("schedule",),
+        ),
+        Option(
+            "confidence_threshold",
+            ("draft", "confidence_threshold"),
+            float,
+            "for the confidence schedule",
+            aliases=("threshold",),
+        ),
+        Option(
+            "verifier", ("verifier",), str, "greedy | speculative (lossless) | lenient[:L] (LOSSY, temperature > 0)"
+        ),
+        Option("gamma", ("pearl", "gamma"), _int_or_auto, "PEARL window: an integer or auto (measured)"),
+        Option(
+            "pre_verify", ("pearl", "pre_verify"), _bool, "PEARL ablation: turn pre-verify off", flag="--no-pre-verify"
+        ),
+        Option(
+            "post_verify",
+            ("pearl", "post_verify"),
+            _bool,
+            "PEARL ablation: turn post-verify off",
+            flag="--no-post-verify",
+        ),
+        Option(
+            "parallel",
+            ("pearl", "parallel"),
+            _bool,
+            "PEARL in two worker processes (1 core each at least)",
+            flag="--parallel",
+        ),
+        Option("target", ("target",), str, "local HF model folder (default: embedded SmolLM2-135M-Instruct)"),
+        Option("dtype", ("dtype",), str, "model dtype", DTYPES),
+        Option("threads", ("threads",), int, "torch CPU threads (default: torch's choice)"),
+    )
+}
+_ALIASES = {a: o.name for o in OPTIONS.values() for a in o.aliases}
+
+
+def option_name(key: str, allowed: Iterable[str] | None = None, where: str = "") -> str:
+    """The canonical name of `key` (aliases resolved); refuses names not in `allowed` (default: all)."""
+    name = _ALIASES.get(key, key)
+    known = list(OPTIONS) if allowed is None else list(allowed)
+    if name not in known:
+        raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(known) or 'none'})")
+    return name
+
+
+def options_from(
+    values: Mapping[str, object],
+    base: EngineConfig | None = None,
+    allowed: Iterable[str] | None = None,
+    where: str = "",
+) -> EngineConfig:
+    """EngineConfig from flat options (CLI flags, YAML, bench keys, API keywords) over `base`.
+
+    String values are parsed by the option's type ("3", "0.4", "1", "auto"); every value is then
+    validated by the config dataclasses. `where` prefixes error messages (e.g. "sd:draft_length=x: ").
+    """
+    config = base or EngineConfig()
+    groups: dict[str, dict[str, object]] = {}
+    top: dict[str, object] = {}
+    for key, value in values.items():
+        opt = OPTIONS[option_name(key, allowed, where)]
+        if isinstance(value, str) and opt.parse is not str:
+            try:
+                value = opt.parse(value)
+            except ValueError:
+                raise QuickdraftError(f"{where}option {opt.name} cannot be {value!r}") from None
+        if opt.choices is not None and value not in opt.choices:
+            raise QuickdraftError(f"{where}{opt.name} must be one of {', '.join(opt.choices)}, got {value!r}")
+        if len(opt.path) == 1:
+            top[opt.path[0]] = value
+        else:
+            groups.setdefault(opt.path[0], {})[opt.path[1]] = value
+    for group, changes in groups.items():
+        top[group] = dataclasses.replace(getattr(config, group), **changes)
+    return dataclasses.replace(config, **top)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """CLI flags for `names`; an absent flag stays absent from the namespace (defaults live in the
+    dataclasses, so a YAML file or a later layer can fill it)."""
+    for name in names:
+        opt = OPTIONS[name]
+        default = opt.default
+        if opt.flag is not None:  # a boolean switch that flips the default
+            parser.add_argument(
+                opt.flag, dest=name, action="store_const", const=not default, default=argparse.SUPPRESS, help=opt.help
+            )
+            continue
+        kind = opt.parse if opt.parse in (int, float) else str
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            choices=opt.choices,
+            default=argparse.SUPPRESS,
+            help=f"{opt.help} (default: {'auto' if name == 'gamma' and default is None else default})",
+        )
+
+
+def given_options(args: argparse.Namespace, names: Iterable[str] | None = None) -> dict[str, object]:
+    """The option flags actually given on a parsed command line."""
+    return {k: v for k, v in vars(args).items() if k in OPTIONS and (names is None or k in names)}

@@ -1,0 +1,99 @@
+"""The house's structure, checked: no import circles, inference never imports training, one
+registry per concept (methods, drafter kinds, options) that every surface reads."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "quickdraft"
+INFERENCE = ("models", "drafters", "verifiers", "decoding", "engine", "options", "prompts", "sampling", "config")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the quickdraft modules it imports (at any depth: lazy imports count, TYPE_CHECKING
+    blocks do not)."""
+    modules = {_module(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skip = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip.update(id(n) for n in ast.walk(node))
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("quickdraft"):
+                for alias in node.names:  # "from pkg import submodule" imports the submodule
+                    sub = f"{node.module}.{alias.name}"
+                    deps.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("quickdraft"))
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_circles():
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():  # negative control
+    graph = import_graph()
+    graph["quickdraft.models.loading"] = graph["quickdraft.models.loading"] | {"quickdraft.engine"}
+    assert find_cycle(graph) is not None
+
+
+@pytest.mark.parametrize("area", INFERENCE)
+def test_inference_never_imports_training(area):
+    graph = import_graph()
+    for module, deps in graph.items():
+        if module.removeprefix("quickdraft.").split(".")[0] == area:
+            training = sorted(d for d in deps if d.startswith("quickdraft.distill"))
+            assert not training, f"{module} imports {training}"
+
+
+def test_every_surface_takes_its_names_from_the_registries():
+    from quickdraft.bench.methods import KEYS
+    from quickdraft.decoding.registry import METHODS
+    from quickdraft.drafters import BUILDERS
+    from quickdraft.drafters.spec import SYNTAX
+    from quickdraft.options import OPTIONS
+
+    assert set(BUILDERS) == set(SYNTAX)
+    assert set(METHODS) <= set(KEYS) and OPTIONS["method"].choices == tuple(METHODS)
+    for method in METHODS.values():
+        assert set(method.options) <= set(OPTIONS)
+    text = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "options.py")
+    assert "DraftConfig(" not in text.replace("class DraftConfig(", ""), "DraftConfig is built outside options.py"
+    assert "method ==" not in text, "a surface switches on a method name"
