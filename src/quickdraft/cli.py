@@ -13,7 +13,7 @@ import sys
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTIONS, add_option_flags, given_options, options_from
 
-MODEL_OPTIONS = ("target", "dtype", "threads")
+MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device")
 DECODE_OPTIONS = tuple(o for o in OPTIONS if o not in MODEL_OPTIONS)
 
 

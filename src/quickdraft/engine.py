@@ -17,8 +17,8 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.runtime import cached_model
 from quickdraft.options import EngineConfig, options_from
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.types import GenerationResult
@@ -45,10 +45,10 @@ class Engine:
             config = options_from({"dtype": dtype}, config)
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
-        self.target = CachedModel(target.model, target.vocab_size)
+        self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime)
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
-            self.drafter = drafter or make_drafter(config.drafter, target, config.dtype)
+            self.drafter = drafter or make_drafter(config.drafter, target, config.dtype, config.runtime)
         else:
             self.drafter = None
         self.parts = DecodeParts(self.target, self.drafter, config, target.name)

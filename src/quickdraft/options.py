@@ -21,6 +21,7 @@ from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.runtime import DEVICES, RUNTIMES, resolve_device
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class EngineConfig:
         target: a local HF folder; None is the embedded default.
         dtype: the models' dtype.
         threads: torch CPU threads (None: torch's choice).
+        runtime: auto | native | hf, the forward that runs the models (models/runtime.py).
+        device: auto | cpu | cuda.
     """
 
     method: str = "sd"
@@ -46,6 +49,8 @@ class EngineConfig:
     target: str | None = None
     dtype: str = "bfloat16"
     threads: int | None = None
+    runtime: str = "auto"
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -56,6 +61,9 @@ class EngineConfig:
             raise QuickdraftError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise QuickdraftError(f"threads must be >= 1, got {self.threads}")
+        if self.runtime not in RUNTIMES:
+            raise QuickdraftError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+        resolve_device(self.device)  # cuda without CUDA: refused here, before any model loads
 
 
 def _bool(text: str) -> bool:
@@ -135,6 +143,8 @@ OPTIONS: dict[str, Option] = {
         Option("target", ("target",), str, "local HF model folder (default: embedded SmolLM2-135M-Instruct)"),
         Option("dtype", ("dtype",), str, "model dtype", DTYPES),
         Option("threads", ("threads",), int, "torch CPU threads (default: torch's choice)"),
+        Option("runtime", ("runtime",), str, "native forward where supported (auto), or always native or hf", RUNTIMES),
+        Option("device", ("device",), str, "auto | cpu | cuda", DEVICES),
     )
 }
 _ALIASES = {a: o.name for o in OPTIONS.values() for a in o.aliases}

@@ -17,7 +17,7 @@ def add_bench_parser(sub, add_model_flags) -> None:
     bench.add_argument(
         "--methods",
         default="ar,sd:drafter=ngram",
-        help="comma-separated NAME[:key=value,...]; names: ar, sd, pearl, hf-assisted",
+        help="comma-separated NAME[:key=value,...]; names: ar, sd, pearl, hf-ar, hf-assisted",
     )
     bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
@@ -48,7 +48,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.runner import BenchConfig, run_bench
     from quickdraft.options import given_options, options_from
 
-    model = options_from(given_options(args, ("target", "dtype", "threads")))  # defaults and checks as everywhere
+    model = options_from(given_options(args, ("target", "dtype", "threads", "runtime", "device")))  # as everywhere
     for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win
         if getattr(args, key) is None:
             setattr(args, key, value if args.quick else DEFAULTS.get(key))
@@ -62,6 +62,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=model.target,
         dtype=model.dtype,
         threads=model.threads,
+        runtime=model.runtime,
+        device=model.device,
         out=args.out,
         command="quickdraft " + shlex.join(sys.argv[1:]),
     )

@@ -30,7 +30,7 @@ KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 def _check_key(method: str, key: str) -> None:
     where = f"method {method!r}: "
     if method not in PEERS:
-        option_name(key, METHODS[method].options, where)
+        option_name(key, ("runtime", *METHODS[method].options), where)
     elif key not in PEERS[method]:
         raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(PEERS[method]) or 'none'})")
 
@@ -104,10 +104,10 @@ def _int(spec: MethodSpec, key: str, default: int) -> int:
 class QuickdraftMethod:
     """Our own methods (ar, sd, pearl) through the Engine, options parsed as everywhere else."""
 
-    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str) -> None:
+    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto") -> None:
         self.spec = spec
-        values = {"method": spec.name, "dtype": dtype, **dict(spec.options)}
-        allowed = ("method", "dtype", *METHODS[spec.name].options)
+        values = {"method": spec.name, "dtype": dtype, "runtime": runtime, **dict(spec.options)}
+        allowed = ("method", "dtype", "runtime", *METHODS[spec.name].options)
         config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
         self.engine = Engine(target, config)
 
@@ -144,8 +144,8 @@ class HFAssisted:
     tokens per target forward is available.
     """
 
-    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str) -> None:
-        self.spec, self.target = spec, target
+    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "hf") -> None:
+        self.spec, self.target = spec, target  # transformers' generate(): its own forward, always
         self.speculative = spec.name == "hf-assisted"
         self.forwards = 0
         self.kwargs: dict = {}
@@ -194,5 +194,5 @@ class HFAssisted:
 PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted}
 
 
-def build_method(spec: MethodSpec, target: LoadedModel, dtype: str):
-    return PEER_CLASSES.get(spec.name, QuickdraftMethod)(spec, target, dtype)
+def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto"):
+    return PEER_CLASSES.get(spec.name, QuickdraftMethod)(spec, target, dtype, runtime)

@@ -50,8 +50,10 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "",
         f"Command: `{cfg['command']}`" if cfg.get("command") else "",
         "",
-        f"Machine: {mach['cpu']} ({mach['cpu_capability']}), {mach['threads']} torch threads, torch {mach['torch']}, "
-        f"Python {mach['python']}; finished {summary['finished']}. Target: {cfg['target'] or 'SmolLM2-135M-Instruct'}.",
+        f"Machine: {mach['cpu']} ({mach['cpu_capability']}; flags: {', '.join(mach.get('cpu_flags', [])) or '?'}), "
+        f"device {mach.get('device', 'cpu')}, {mach['threads']} torch threads, torch {mach['torch']}, "
+        f"Python {mach['python']}; finished {summary['finished']}. Target: {cfg['target'] or 'SmolLM2-135M-Instruct'}"
+        f", runtime {cfg.get('runtime', 'hf')} (peers hf-*: transformers' own generate()).",
         "",
         "tokens/s = Σ new tokens / Σ wall seconds; speedup = the method's tokens/s over plain decoding's on "
         "the same prompts in the same run (mean over runs); mean accepted tokens = new tokens per target "

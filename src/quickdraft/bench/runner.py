@@ -39,12 +39,14 @@ class BenchConfig:
     target: str | None = None
     dtype: str = "bfloat16"
     threads: int | None = None
+    runtime: str = "auto"
+    device: str = "auto"
     out: str = "bench-out"
     command: str = ""
     extra: dict = field(default_factory=dict)
 
 
-def machine_info() -> dict:
+def machine_info(config_device: str = "cpu") -> dict:
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -53,8 +55,18 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
     return {
         "cpu": cpu,
+        "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),
+        "device": "cuda" if torch.cuda.is_available() and config_device == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -80,7 +92,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     specs = _methods_with_ar(config.methods)
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
-    methods = {s.text: build_method(s, target, config.dtype) for s in specs}
+    methods = {s.text: build_method(s, target, config.dtype, config.runtime) for s in specs}
     codec = PromptCodec(target.tokenizer, target.vocab_size, int(target.model.config.max_position_embeddings))
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
@@ -120,7 +132,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
             m.close()
     summary = summarize(rows)
     summary["config"] = asdict(config)
-    summary["machine"] = machine_info()
+    summary["machine"] = machine_info(config.device)
     summary["prompt_set"] = {
         "source": config.prompts,
         "num_prompts": len(records),

@@ -32,6 +32,7 @@ class ParallelSpec:
     pearl: PearlConfig
     verifier: str | None
     cores: tuple[tuple[int, ...], tuple[int, ...]]
+    runtime: str = "auto"
 
 
 # --- worker side ----------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class _DraftRole:
         from quickdraft.models.loading import load_model
 
         self.spec = spec
-        self.drafter = make_drafter(spec.drafter, load_model(spec.target, spec.dtype), spec.dtype)
+        self.drafter = make_drafter(spec.drafter, load_model(spec.target, spec.dtype), spec.dtype, spec.runtime)
 
     def step_seconds(self) -> float | None:
         measure = getattr(self.drafter, "step_seconds", None)
@@ -145,13 +146,13 @@ class _DraftRole:
 
 class _TargetRole:
     def __init__(self, spec: ParallelSpec) -> None:
-        from quickdraft.models.cached_model import CachedModel
         from quickdraft.models.loading import load_model
+        from quickdraft.models.runtime import cached_model
 
         self.spec = spec
         loaded = load_model(spec.target, spec.dtype)
         self.eos = set(loaded.eos_token_ids)
-        self.target = CachedModel(loaded.model, loaded.vocab_size)
+        self.target = cached_model(loaded.model, loaded.vocab_size, runtime=spec.runtime)
 
     def step_seconds(self) -> float:
         return step_seconds(self.target)

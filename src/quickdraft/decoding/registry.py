@@ -77,7 +77,9 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 
         cfg = parts.config
-        spec = ParallelSpec(parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores())
+        spec = ParallelSpec(
+            parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores(), cfg.runtime
+        )
         parts.memo["pearl_parallel"] = ParallelPearl(spec)
     return parts.memo["pearl_parallel"].decoder(verifier)
 

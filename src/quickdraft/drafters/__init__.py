@@ -20,12 +20,12 @@ from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.drafters.spec import SYNTAX, DrafterSpec, int_arg, ngram_sizes, parse_drafter_spec
-from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
+from quickdraft.models.runtime import cached_model
 
-# (parsed stage, target, dtype the draft runs in ("" = the target's)) -> drafter
-Builder = Callable[[DrafterSpec, LoadedModel, str], Drafter]
+# (parsed stage, target, dtype the draft runs in ("" = the target's), runtime) -> drafter
+Builder = Callable[[DrafterSpec, LoadedModel, str, str], Drafter]
 
 
 def ngram_drafter(arg: str | None) -> PromptLookupDrafter:
@@ -34,9 +34,9 @@ def ngram_drafter(arg: str | None) -> PromptLookupDrafter:
     return PromptLookupDrafter(max_ngram=longest, min_ngram=shortest)
 
 
-def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str) -> Drafter:
+def _model_drafter(draft: LoadedModel, target: LoadedModel, name: str, runtime: str) -> Drafter:
     vocab = check_vocab(target, draft)
-    return ModelDrafter(CachedModel(draft.model, vocab, draft.head_ids), name=name)
+    return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name)
 
 
 def _own_dtype(dtype: str, target: LoadedModel):
@@ -44,23 +44,23 @@ def _own_dtype(dtype: str, target: LoadedModel):
     return resolve_dtype(dtype) if dtype else target.model.dtype
 
 
-def _ngram(spec: DrafterSpec, target: LoadedModel, dtype: str) -> Drafter:
+def _ngram(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     return ngram_drafter(spec.arg)
 
 
-def _model(spec: DrafterSpec, target: LoadedModel, dtype: str) -> Drafter:
-    return _model_drafter(load_model(spec.arg, dtype), target, str(spec))
+def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    return _model_drafter(load_model(spec.arg, dtype), target, str(spec), runtime)
 
 
-def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str) -> Drafter:
+def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     layers = int_arg("truncated", spec.arg)
-    return _model_drafter(truncated_copy(target, layers, _own_dtype(dtype, target)), target, str(spec))
+    return _model_drafter(truncated_copy(target, layers, _own_dtype(dtype, target)), target, str(spec), runtime)
 
 
-def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str) -> Drafter:
+def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     folder = shipped_delta_dir(target) if spec.arg is None else Path(spec.arg).expanduser()
     draft = load_delta(target, folder, _own_dtype(dtype, target))
-    return _model_drafter(draft, target, str(spec))
+    return _model_drafter(draft, target, str(spec), runtime)
 
 
 BUILDERS: dict[str, Builder] = {
@@ -73,17 +73,18 @@ DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"
 
 
-def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16") -> Drafter:
+def make_drafter(spec: str, target: LoadedModel, dtype: str = "bfloat16", runtime: str = "auto") -> Drafter:
     """Build a drafter from its spec string (see the module docstring).
 
     `dtype` is the engine's: an independent draft model loads in it, a copied draft (truncated,
-    distilled) keeps the target's; "@DTYPE" at the end of a stage overrides both.
+    distilled) keeps the target's; "@DTYPE" at the end of a stage overrides both. `runtime` picks
+    the forward of model drafters (models/runtime.py).
     """
     stages = parse_drafter_spec(spec)
     drafters = []
     for stage in stages:
         own = stage.dtype or (dtype if stage.kind == "model" else "")
-        drafters.append(BUILDERS[stage.kind](stage, target, own))
+        drafters.append(BUILDERS[stage.kind](stage, target, own, runtime))
     return drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters)
 
 

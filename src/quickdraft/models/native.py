@@ -1,0 +1,204 @@
+"""A native forward for Llama-family decoders over a static KV cache (gpt-fast's model.py, in size).
+
+Hugging Face's forward pays per-call set-up (cache objects, mask builders, output dataclasses, hooks)
+that dominates a small model's step on a CPU. This module reads the same weight tensors (no copy)
+and runs the same arithmetic in the same order and dtypes (RMSNorm in float32, RoPE tables in
+float32 cast to the model's dtype, SDPA attention), so logits agree with Hugging Face's to rounding
+(tested: 1e-10 in float64). It adds what speculation needs: explicit positions (token trees), an
+attention mask over the new rows, a layer range (start at layer l from given states) and the hidden
+state entering any layer.
+
+`NativeLlama.forward` is pure with respect to bookkeeping: the caller (`NativeCachedModel`, the one
+owner of the cache) says where the new rows are written; the cache never reallocates per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the native forward cannot run `model` (None: it can)."""
+    cfg = model.config
+    if cfg.model_type != "llama":
+        return f"model type {cfg.model_type!r} (native: llama)"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE scaling {rope.get('rope_type')!r}"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return "biases in attention or MLP"
+    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
+        return "activation other than silu, or pretraining_tp > 1"
+    return None
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+class StaticKV:
+    """Preallocated keys and values: (layers, kv_heads, capacity, head_dim) each, grown by doubling
+    (rare: the capacity starts at the expected length), never per call."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int, limit: int) -> None:
+        self.limit = limit
+        shape = (layers, kv_heads, min(capacity, limit), head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def ensure(self, length: int) -> None:
+        if length <= self.capacity:
+            return
+        if length > self.limit:
+            raise ValueError(f"KV cache of {length} positions exceeds the model's context of {self.limit}")
+        new = min(self.limit, max(length, 2 * self.capacity))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = torch.zeros((*old.shape[:2], new, old.shape[3]), dtype=old.dtype, device=old.device)
+            grown[:, :, : old.shape[2]] = old
+            setattr(self, name, grown)
+
+    def move_rows(self, src: torch.Tensor, dst: int, layers: slice = slice(None)) -> None:
+        """Copy positions `src` (m,) to dst..dst+m (all layers): keep a chosen subset of new rows."""
+        for t in (self.k, self.v):
+            t[layers, :, dst : dst + src.numel()] = t[layers, :, src]
+
+
+class NativeLlama:
+    """The forward of a Hugging Face LlamaForCausalLM, reading its weights in place."""
+
+    def __init__(self, model) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the native runtime does not support this model: {reason}")
+        cfg, inner = model.config, model.model
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.max_length = int(cfg.max_position_embeddings)
+        self.embed = inner.embed_tokens.weight
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.layers = [
+            _Layer(
+                block.input_layernorm.weight,
+                block.self_attn.q_proj.weight,
+                block.self_attn.k_proj.weight,
+                block.self_attn.v_proj.weight,
+                block.self_attn.o_proj.weight,
+                block.post_attention_layernorm.weight,
+                block.mlp.gate_proj.weight,
+                block.mlp.up_proj.weight,
+                block.mlp.down_proj.weight,
+            )
+            for block in inner.layers
+        ]
+        self.norm = inner.norm.weight
+        self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+
+    def new_cache(self, capacity: int = 512) -> StaticKV:
+        return StaticKV(
+            self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device, capacity, self.max_length
+        )
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq  # (n, d/2), float32 as in HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _attention(self, layer: int, w: _Layer, x, cache: StaticKV, at: int, cos, sin, mask) -> torch.Tensor:
+        n = x.shape[0]
+        q = F.linear(x, w.wq).view(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
+        k = F.linear(x, w.wk).view(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
+        v = F.linear(x, w.wv).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        cache.k[layer, :, at : at + n] = k
+        cache.v[layer, :, at : at + n] = v
+        keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]  # (KVH, S, d)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
+        )  # (1, H, n, d)
+        return F.linear(out[0].transpose(0, 1).reshape(n, self.heads * self.head_dim), w.wo)
+
+    def forward(
+        self,
+        cache: StaticKV,
+        at: int,
+        ids: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        layers: tuple[int, int] | None = None,
+        keep_hidden: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run layers [start, stop) over n new rows written at cache positions at..at+n.
+
+        Args:
+            cache: the keys/values; rows before `at` are the context the new rows attend to.
+            at: cache position of the first new row (its capacity must hold at + n).
+            ids: (n,) token ids (start == 0), or
+            hidden: (n, H) the states entering layer `start`.
+            positions: (n,) RoPE positions (default at..at+n-1; a tree gives depths).
+            tree_mask: (n, n) bool, which new rows each new row sees (default causal); every row
+                sees all of the context.
+            layers: (start, stop), default all.
+            keep_hidden: layer indices whose entering state to return (num_layers = the last
+                layer's output, before the final norm).
+
+        Returns:
+            ((n, H) the output of layer stop-1 (final-normed when stop == num_layers), {layer: (n, H)}).
+        """
+        start, stop = layers or (0, self.num_layers)
+        x = self.embed[ids] if hidden is None else hidden
+        n = x.shape[0]
+        if positions is None:
+            positions = torch.arange(at, at + n, device=self.device)
+        cos, sin = self._rope(positions)
+        mask = None
+        if tree_mask is not None or n > 1:
+            new = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            mask = torch.cat([torch.ones(n, at, dtype=torch.bool, device=self.device), new], dim=1)
+        kept: dict[int, torch.Tensor] = {}
+        for i in range(start, stop):
+            if i in keep_hidden:
+                kept[i] = x
+            w = self.layers[i]
+            x = x + self._attention(i, w, self.rms_norm(x, w.attn_norm), cache, at, cos, sin, mask)
+            h = self.rms_norm(x, w.mlp_norm)
+            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+        if stop in keep_hidden:
+            kept[stop] = x
+        if stop == self.num_layers:
+            x = self.rms_norm(x, self.norm)
+        return x, kept

@@ -1,0 +1,45 @@
+"""Choosing the forward that runs a model: the native one where it applies, Hugging Face's otherwise.
+
+    auto    native for supported models (the Llama family), Hugging Face's for the rest (default)
+    native  native, or a clear error naming why the model is not supported
+    hf      always Hugging Face's forward (the reference)
+
+Devices: `resolve_device` turns auto|cpu|cuda into the device models run on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.native import unsupported_reason
+from quickdraft.models.native_cache import NativeCachedModel
+
+RUNTIMES = ("auto", "native", "hf")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cached_model(model, vocab_size: int | None = None, head_ids: torch.Tensor | None = None, runtime: str = "auto"):
+    """The cache owner for `model` on the chosen runtime (same verbs either way)."""
+    if runtime not in RUNTIMES:
+        raise QuickdraftError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    reason = unsupported_reason(model)
+    if runtime == "native" and reason is not None:
+        raise QuickdraftError(f"--runtime native does not support this model: {reason} (use --runtime hf)")
+    if runtime == "hf" or reason is not None:
+        return CachedModel(model, vocab_size, head_ids)
+    return NativeCachedModel(model, vocab_size, head_ids)
+
+
+def resolve_device(device: str) -> str:
+    """The device models run on. cuda without a CUDA device is a clear error. The CUDA path itself is
+    not built yet (the decode loops sample with CPU generators), so auto is cpu and an explicit cuda
+    is refused with that reason rather than run half-way."""
+    if device not in DEVICES:
+        raise QuickdraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
+        raise QuickdraftError("--device cuda: the CUDA path is not implemented yet; use --device cpu")
+    return "cpu"
