@@ -74,6 +74,7 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --drafter ngram:3:2+distilled --draft-schedule confidence", SMALL),
         Step("quickdraft generate ... --method ar", SMALL),
         Step("quickdraft generate ... --temperature 0.8 --top-p 0.95 --top-k 50 --seed 1 --json", SMALL),
+        Step("quickdraft generate ... --runtime hf", SMALL),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
         Step("quickdraft generate ... --draft-schedule confidence --confidence-threshold 0.4", SMALL),
         Step(
