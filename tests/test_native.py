@@ -194,3 +194,21 @@ def test_default_model_native_equals_hf():
     assert close(nat.prefill(seq)[-1], hf_logits(m.model, seq)[-1, : m.vocab_size], torch.float64)
     got = nat.extend([5, 6, 7])
     assert close(got, hf_logits(m.model, seq + [5, 6, 7])[-3:, : m.vocab_size], torch.float64)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--device", "cuda"],
+        ["serve", "--device", "cuda"],
+        ["distill", "--output", "x", "--device", "cuda"],
+        ["distill-eval", "--drafter", "ngram", "--device", "cuda"],
+    ],
+)
+def test_every_command_refuses_cuda_without_cuda(argv, capsys, tmp_path, monkeypatch):
+    from quickdraft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert "no CUDA device" in capsys.readouterr().err

