@@ -78,12 +78,19 @@ class DraftConfig:
             "confidence" (stop drafting once the draft's top-1 probability falls below threshold).
         confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
         max_num_draft_tokens: upper bound for the heuristic schedule (default max(16, gamma)).
+        tree: node budget of a draft tree (0 = a chain of num_draft_tokens).
+        tree_width: dynamic trees: nodes expanded per depth and children per expanded node.
+        tree_shape: "dynamic" (EAGLE-2: by cumulative draft probability) or static children per
+            node by depth, e.g. "3,2,1".
     """
 
     num_draft_tokens: int = 4
     schedule: str = "fixed"
     confidence_threshold: float = 0.4
     max_num_draft_tokens: int | None = None
+    tree: int = 0
+    tree_width: int = 4
+    tree_shape: str = "dynamic"
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
@@ -96,3 +103,26 @@ class DraftConfig:
             raise QuickdraftError(f"confidence threshold must be in (0, 1), got {self.confidence_threshold}")
         if self.max_num_draft_tokens < self.num_draft_tokens:
             raise QuickdraftError("max_num_draft_tokens must be >= num_draft_tokens")
+        if (
+            not isinstance(self.tree, int)
+            or self.tree < 0
+            or not isinstance(self.tree_width, int)
+            or self.tree_width < 1
+        ):
+            raise QuickdraftError(f"draft tree budget must be >= 0 and width >= 1, got {self.tree}, {self.tree_width}")
+        _ = self.tree_widths  # validates the shape
+
+    @property
+    def tree_widths(self) -> tuple[int, ...] | None:
+        """Static per-depth children counts, or None for the dynamic shape."""
+        if self.tree_shape == "dynamic":
+            return None
+        try:
+            widths = tuple(int(w) for w in self.tree_shape.split(","))
+        except ValueError:
+            widths = ()
+        if not widths or min(widths) < 1:
+            raise QuickdraftError(
+                f"tree shape must be dynamic or children per depth like 3,2,1, got {self.tree_shape!r}"
+            )
+        return widths

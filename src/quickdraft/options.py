@@ -119,6 +119,11 @@ OPTIONS: dict[str, Option] = {
             "for the confidence schedule",
             aliases=("threshold",),
         ),
+        Option("draft_tree", ("draft", "tree"), int, "node budget of a draft tree (0 = a chain)", aliases=("tree",)),
+        Option("tree_width", ("draft", "tree_width"), int, "dynamic tree: nodes expanded per depth, children each"),
+        Option(
+            "tree_shape", ("draft", "tree_shape"), str, "dynamic (EAGLE-2) or static children per depth, e.g. 3,2,1"
+        ),
         Option(
             "verifier", ("verifier",), str, "greedy | speculative (lossless) | lenient[:L] (LOSSY, temperature > 0)"
         ),

@@ -56,6 +56,7 @@ class Round:
     draft_s: float = 0.0
     verify_s: float = 0.0
     events: dict[str, int] = field(default_factory=dict)  # method-specific counters, summed in stats
+    draft_depth: int | None = None  # a tree's depth: acceptance "by position" is by depth for trees
 
 
 @dataclass

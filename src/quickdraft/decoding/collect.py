@@ -33,6 +33,8 @@ def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
     stats.num_drafts += 1
     stats.num_draft_tokens += k
     stats.num_accepted_draft_tokens += accepted
+    if rnd.draft_depth is not None:  # a tree: per position = per depth (one path per depth)
+        k = min(k, rnd.draft_depth)
     while len(stats.drafted_per_position) < k:
         stats.drafted_per_position.append(0)
         stats.accepted_per_position.append(0)

@@ -18,6 +18,7 @@ from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs, step_seconds
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.verifiers import make_verifier
 
@@ -65,6 +66,14 @@ def _ar(parts: DecodeParts, sampling: SamplingConfig):
 
 
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
+    draft = parts.config.draft
+    if draft.tree > 0:
+        if parts.config.verifier not in (None, "greedy" if sampling.greedy else "speculative"):
+            raise QuickdraftError("token trees verify with the lossless rule only; drop --verifier")
+        from quickdraft.decoding.tree import TreeDecoder
+        from quickdraft.drafters.tree import TreeShape
+
+        return TreeDecoder(parts.target, parts.drafter, TreeShape(draft.tree, draft.tree_width, draft.tree_widths))
     verifier = make_verifier(parts.config.verifier, sampling)
     return SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft))
 
@@ -96,7 +105,16 @@ class Method:
     options: tuple[str, ...]
 
 
-_DRAFT = ("drafter", "draft_length", "draft_schedule", "confidence_threshold", "verifier")
+_DRAFT = (
+    "drafter",
+    "draft_length",
+    "draft_schedule",
+    "confidence_threshold",
+    "draft_tree",
+    "tree_width",
+    "tree_shape",
+    "verifier",
+)
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (

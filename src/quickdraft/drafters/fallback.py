@@ -62,3 +62,14 @@ class FallbackDrafter:
                 self.rounds_by_drafter[i] += 1
                 return proposal
         return empty_proposal()
+
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
+        """The first stage's non-empty tree (stages that cannot draft trees are refused by name)."""
+        for i, drafter in enumerate(self.drafters):
+            if not hasattr(drafter, "propose_tree"):
+                raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
+            tree = drafter.propose_tree(context, shape, sampling, generator)
+            if len(tree):
+                self.rounds_by_drafter[i] += 1
+                return tree
+        return tree

@@ -16,6 +16,7 @@ from quickdraft.drafters.base import KeepDrafting, empty_proposal
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 class ModelDrafter:
@@ -69,3 +70,12 @@ class ModelDrafter:
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,
         )
+
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
+        """A token tree of at most `shape.budget` nodes (drafters/tree.py); the cache ends at `context`."""
+        from quickdraft.drafters.tree import TreeShape, model_tree
+
+        budget = min(shape.budget, self.model.max_length - len(context) - 1)
+        if budget < 1:
+            return TokenTree()
+        return model_tree(self.model, context, TreeShape(budget, shape.width, shape.widths), sampling, generator)

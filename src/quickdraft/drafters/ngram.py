@@ -16,6 +16,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import KeepDrafting, empty_proposal
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 def prompt_lookup(context: Sequence[int], num_draft_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -68,3 +69,9 @@ class PromptLookupDrafter:
             return empty_proposal()
         tokens = prompt_lookup(context, num_draft_tokens, self.max_ngram, self.min_ngram)
         return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q_probs=None)
+
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
+        """The continuations of several earlier matches as a trie (deterministic: no q)."""
+        from quickdraft.drafters.tree import lookup_tree
+
+        return lookup_tree(context, shape, self.max_ngram, self.min_ngram)

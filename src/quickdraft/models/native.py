@@ -170,8 +170,8 @@ class NativeLlama:
             ids: (n,) token ids (start == 0), or
             hidden: (n, H) the states entering layer `start`.
             positions: (n,) RoPE positions (default at..at+n-1; a tree gives depths).
-            tree_mask: (n, n) bool, which new rows each new row sees (default causal); every row
-                sees all of the context.
+            tree_mask: (n, n) bool, which new rows each new row sees (default causal; every row
+                sees all of the context), or (n, at + n) over the context and the new rows.
             layers: (start, stop), default all.
             keep_hidden: layer indices whose entering state to return (num_layers = the last
                 layer's output, before the final norm).
@@ -186,9 +186,13 @@ class NativeLlama:
             positions = torch.arange(at, at + n, device=self.device)
         cos, sin = self._rope(positions)
         mask = None
-        if tree_mask is not None or n > 1:
+        if tree_mask is not None and tree_mask.shape[1] == at + n:  # a mask over context and new rows
+            mask = tree_mask.to(self.device)
+        elif tree_mask is not None or n > 1:  # over the new rows; the context is visible to all
             new = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            mask = torch.cat([torch.ones(n, at, dtype=torch.bool, device=self.device), new], dim=1)
+            mask = torch.cat([torch.ones(n, at, dtype=torch.bool, device=self.device), new.to(self.device)], dim=1)
+        if mask is not None and n == 1 and bool(mask.all()):
+            mask = None  # one row that sees everything: the unmasked kernel, as a plain step
         kept: dict[int, torch.Tensor] = {}
         for i in range(start, stop):
             if i in keep_hidden:

@@ -1,0 +1,138 @@
+"""Verifying a token tree: the longest accepted path, lossless (SpecInfer / recursive rejection).
+
+A `TokenTree` holds n draft nodes in parent-before-child order; node i continues the path to its
+parent (-1: the root, i.e. the last committed token). The target scores the whole tree in one
+forward: row 0 is p at the root, row 1 + i is p after node i.
+
+Greedy: from the root, follow the child equal to the target's argmax; stop where none is; the next
+token is the argmax there. Equal to plain greedy decoding.
+
+Sampling (Chen et al.'s rule generalised to siblings, as in SpecInfer and recursive rejection
+sampling): at a node with children x_1..x_m (in the order they were drawn), accept x_i with
+probability min(1, p_i(x_i) / q_i(x_i)); after a rejection p_{i+1} = norm(max(0, p_i - q_i)). q_i
+depends on how the children were drawn:
+- `sampled` (without replacement from q): q_1 = q, q_{i+1} = q_i with x_i removed, renormalised;
+- deterministic (prompt lookup, q None): q_i = one-hot(x_i), i.e. accept with p_i(x_i).
+If every child is rejected, the next token is drawn from p_{m+1}; a node without children gives a
+bonus token from its p. Each emitted token then has the target's law given the path (tested with
+chi-square tests on Markov chains, with negative controls that must fail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from quickdraft.sampling import residual, sample
+
+
+@dataclass
+class TokenTree:
+    """Draft nodes (parents before children; siblings in the order they were drawn).
+
+    Attributes:
+        tokens: (n,) token ids.
+        parents: parent index per node, -1 for children of the root.
+        q_rows: {parent index (-1 = root): (V,) the draft's processed distribution there} for the
+            parents whose children were sampled from it; absent = deterministic children.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    q_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        return len(self.tokens) - 1
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    @property
+    def depths(self) -> list[int]:
+        """1 for children of the root, and so on."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """(n+1, n+1) bool attention mask over [root, nodes]: each row sees the root and its ancestors."""
+        n = len(self.tokens)
+        m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        m[:, 0] = True
+        for i, p in enumerate(self.parents):
+            m[i + 1, i + 1] = True
+            if p >= 0:
+                m[i + 1] |= m[p + 1]
+        return m
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.insert(0, node)
+            node = self.parents[node]
+        return path
+
+
+def verify_tree_greedy(tree: TokenTree, p_rows: torch.Tensor) -> tuple[list[int], int]:
+    """(accepted node path, next token) by argmax. p_rows: (n+1, V) target rows (probs or logits)."""
+    best = p_rows.argmax(-1).tolist()
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        kids.setdefault(p, []).append(i)
+    node, path = -1, []
+    while True:
+        want = best[node + 1]
+        nxt = next((c for c in kids.get(node, []) if tree.tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_sampling(
+    tree: TokenTree, p_rows: torch.Tensor, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """(accepted node path, next token) by recursive rejection over siblings (module docstring).
+
+    One uniform per node is drawn up front in node order (so a one-wide tree consumes the random
+    stream exactly as chain speculative sampling does), then one sample for the next token.
+
+    Args:
+        tree: the drafted tree with its q rows.
+        p_rows: (n+1, V) processed target probabilities.
+    """
+    u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype)
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        kids.setdefault(p, []).append(i)
+    node, path = -1, []
+    while True:
+        p = p_rows[node + 1]
+        q_parent = tree.q_rows.get(node)
+        q = None if q_parent is None else q_parent.to(p.dtype)
+        accepted, rejected_any = None, False
+        for c in kids.get(node, []):
+            x = tree.tokens[c]
+            q_i = torch.zeros_like(p) if q is None else q
+            if q is None:
+                q_i[x] = 1.0
+            ratio = p[x] / q_i[x].clamp_min(torch.finfo(p.dtype).tiny)
+            if u[c] < ratio:  # strict: a token with p = 0 is never accepted
+                accepted = c
+                break
+            p, rejected_any = residual(p, q_i), True
+            if q is not None:  # drawn without replacement: the next sibling came from q minus x
+                q = q.clone()
+                q[x] = 0.0
+                q = q / q.sum().clamp_min(torch.finfo(p.dtype).tiny)
+        if accepted is None:  # the bonus goes through residual(p, 0) as in the chain rule
+            return path, int(sample(p if rejected_any else residual(p, torch.zeros_like(p)), generator))
+        path.append(accepted)
+        node = accepted
