@@ -75,6 +75,7 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --method ar", SMALL),
         Step("quickdraft generate ... --temperature 0.8 --top-p 0.95 --top-k 50 --seed 1 --json", SMALL),
         Step("quickdraft generate ... --runtime hf", SMALL),
+        Step("quickdraft generate ... --drafter distilled --draft-tree 16", SMALL),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
         Step("quickdraft generate ... --draft-schedule confidence --confidence-threshold 0.4", SMALL),
         Step(
