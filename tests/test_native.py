@@ -125,6 +125,20 @@ def test_tree_masked_extend_gives_each_row_the_logits_of_its_own_path(dtype):
     assert close(nat.extend([16]), hf_logits(model, context + [11, 13, 15, 16])[-1:], dtype)
 
 
+def test_compact_after_the_cache_grew():
+    """A long context grows the cache inside inference mode; compacting it later must still work."""
+    model = random_llama("gqa-untied", torch.float64)
+    nat = NativeCachedModel(model)
+    nat.cache = nat.net.new_cache(capacity=8)  # force growth
+    context = [i % 30 for i in range(40)]
+    nat.prefill(context)
+    assert nat.cache.capacity >= 40
+    mask = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])  # 1 -> {2, 3}
+    nat.extend([1, 2, 3], positions=[40, 41, 41], tree_mask=mask)
+    nat.compact([0, 2])  # keep the path 1 -> 3
+    assert close(nat.extend([4]), hf_logits(model, context + [1, 3, 4])[-1:], torch.float64)
+
+
 def test_hidden_states_and_layer_ranges_match_hf():
     model = random_llama("odd-head-dim", torch.float64)
     nat = NativeCachedModel(model)

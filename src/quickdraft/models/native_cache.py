@@ -114,6 +114,7 @@ class NativeCachedModel:
             raise ValueError(f"rollback to {length} outside [0, {self.length}]")
         del self.tokens[length:]
 
+    @torch.inference_mode()
     def compact(self, keep: Sequence[int]) -> None:
         """Keep only rows `keep` (indices into the last extend's rows, increasing) of the last
         extend, moved to follow the context in that order: the accepted path of a tree."""
