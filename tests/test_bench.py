@@ -164,3 +164,26 @@ def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, 
     assert seq["draft_acceptance_rate"] == 1.0 and seq["mean_accepted_tokens"] > 2
     report = (tmp_path / "out" / "report.md").read_text()
     assert "PEARL MAT" in report
+
+
+def test_runner_reports_tree_statistics(tiny_model_dir, prompt_file, tmp_path):
+    methods = "ar,sd:drafter=truncated:1,tree=6,tree_width=3,hf-ar"
+    cfg = BenchConfig(
+        methods=methods,
+        prompts=prompt_file,
+        max_new_tokens=16,
+        runs=1,
+        target=tiny_model_dir,
+        dtype="float32",
+        out=str(tmp_path / "out"),
+    )
+    summary = run_bench(cfg, progress=False)
+    tree = summary["methods"]["sd:drafter=truncated:1,tree=6,tree_width=3"]
+    assert tree["lossless_match_rate"] == 1.0 and 1 <= tree["tree_mean_nodes"] <= 6
+    hist = tree["tree_accepted_depth_histogram"]
+    # the histogram counts whole accepted paths; the statistics stop at an EOS inside one
+    assert sum(hist) > 0 and sum(d * n for d, n in enumerate(hist)) >= tree["num_accepted_draft_tokens"] > 0
+    assert summary["methods"]["hf-ar"]["lossless_match_rate"] == 1.0  # the peer: transformers' generate()
+    assert "tree nodes" in (tmp_path / "out" / "report.md").read_text()
+    assert set(summary["machine"]) >= {"cpu_flags", "device", "torch"}
+    assert summary["config"]["runtime"] == "auto"

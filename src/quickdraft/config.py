@@ -81,7 +81,7 @@ class DraftConfig:
         tree: node budget of a draft tree (0 = a chain of num_draft_tokens).
         tree_width: dynamic trees: nodes expanded per depth and children per expanded node.
         tree_shape: "dynamic" (EAGLE-2: by cumulative draft probability) or static children per
-            node by depth, e.g. "3,2,1".
+            node by depth, e.g. "3,2,1" (or "3:2:1", which a bench method string can hold).
     """
 
     num_draft_tokens: int = 4
@@ -89,7 +89,7 @@ class DraftConfig:
     confidence_threshold: float = 0.4
     max_num_draft_tokens: int | None = None
     tree: int = 0
-    tree_width: int = 4
+    tree_width: int = 8
     tree_shape: str = "dynamic"
 
     def __post_init__(self) -> None:
@@ -118,7 +118,7 @@ class DraftConfig:
         if self.tree_shape == "dynamic":
             return None
         try:
-            widths = tuple(int(w) for w in self.tree_shape.split(","))
+            widths = tuple(int(w) for w in self.tree_shape.replace(":", ",").split(","))
         except ValueError:
             widths = ()
         if not widths or min(widths) < 1:

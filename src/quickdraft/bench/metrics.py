@@ -60,7 +60,20 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         # PEARL's own "mean accepted tokens": tokens per run of accepts ending at a rejection
         # (correction included). Not comparable with mean_accepted_tokens (per target forward).
         "pearl_mean_accepted_tokens": _extra_ratio(rows, "pearl_run_tokens", "pearl_runs"),
+        # token trees: nodes per drafted tree, and how deep the accepted path went (rounds per depth)
+        "tree_mean_nodes": _extra_ratio(rows, "tree_nodes", "tree_rounds"),
+        "tree_accepted_depth_histogram": _depth_histogram(rows),
     }
+
+
+def _depth_histogram(rows: list[dict]) -> list[int] | None:
+    counts: dict[int, int] = {}
+    for r in rows:
+        for key, value in (r.get("extra") or {}).items():
+            if key.startswith("accepted_depth_"):
+                depth = int(key.rsplit("_", 1)[1])
+                counts[depth] = counts.get(depth, 0) + value
+    return [counts.get(d, 0) for d in range(max(counts) + 1)] if counts else None
 
 
 def _extra_ratio(rows: list[dict], num: str, den: str) -> float | None:

@@ -16,15 +16,17 @@ def _acceptance(method: str, s: dict) -> str:
 def _table(summary: dict) -> list[str]:
     lines = [
         "| method | tokens/s (± run std) | speedup vs ar (± std) | mean accepted tokens | draft acceptance "
-        "| matches ar | PEARL MAT |",
-        "|---|---|---|---|---|---|---|",
+        "| matches ar | PEARL MAT | tree nodes / accepted depth 0,1,2,... |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m, s in summary["methods"].items():
         mat = s.get("pearl_mean_accepted_tokens")
+        nodes, hist = s.get("tree_mean_nodes"), s.get("tree_accepted_depth_histogram")
+        tree = "-" if nodes is None else f"{nodes:.1f} / {', '.join(map(str, hist or []))}"
         lines.append(
             f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
             f"{s['speedup_vs_ar_std']:.2f} | {s['mean_accepted_tokens']:.2f} | "
-            f"{_acceptance(m, s)} | {s['lossless_match_rate']:.0%} | {'-' if mat is None else f'{mat:.2f}'} |"
+            f"{_acceptance(m, s)} | {s['lossless_match_rate']:.0%} | {'-' if mat is None else f'{mat:.2f}'} | {tree} |"
         )
     return lines
 

@@ -82,6 +82,8 @@ class TreeDecoder:
                 len(path),
                 draft_s=mid - start,
                 verify_s=time.perf_counter() - mid,
-                events={"tree_nodes": len(tokens), f"accepted_depth_{len(path)}": 1} if tokens else {},
+                events={"tree_rounds": 1, "tree_nodes": len(tokens), f"accepted_depth_{len(path)}": 1}
+                if tokens
+                else {},
                 draft_depth=depth,
             )
