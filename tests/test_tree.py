@@ -171,9 +171,7 @@ def test_tree_decoding_negative_control_fails(monkeypatch):
 def _no_residual_update_tree(tree, p_rows, generator):
     """Broken whole-tree rule: after a rejected sibling, the next one is tested against p again."""
     u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype)
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(tree.parents):
-        kids.setdefault(par, []).append(i)
+    kids = tree.children_map()
     node, path = -1, []
     while True:
         p, q = p_rows[node + 1], tree.q_rows.get(node)

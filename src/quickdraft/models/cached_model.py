@@ -21,8 +21,37 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models.kv_cache import cache_length, crop, new_cache
 
 
-class CachedModel:
-    """One model + one KV cache, with prefill/extend/rollback verbs.
+class TokenCacheVerbs:
+    """The verbs every cache owner shares, written once on top of its own `extend`, `rollback`,
+    `reset` and `tokens` (the ids its cache holds): `prefill` and `sync`."""
+
+    def prefill(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
+        self.reset()
+        return self.extend(tokens, last_only=True)
+
+    def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
+        """Make the cache hold `context` and return the logits of its last position.
+
+        Keeps the longest common prefix with what is cached (always re-running at least the last
+        token, whose logits are returned), rolls back the rest, and extends.
+
+        Args:
+            context: the committed token ids (len >= 1).
+
+        Returns:
+            (1, V) logits predicting the token after `context` (all fed rows if not last_only).
+        """
+        limit = min(self.length, len(context) - 1)
+        keep = limit
+        if self.tokens[:limit] != list(context[:limit]):  # rare: the slow scan for the split point
+            keep = next(i for i in range(limit) if self.tokens[i] != context[i])
+        self.rollback(keep)
+        return self.extend(context[keep:], last_only=last_only)
+
+
+class CachedModel(TokenCacheVerbs):
+    """One model + one KV cache, with prefill/extend/rollback verbs (Hugging Face's forward).
 
     Args:
         model: an unmodified Hugging Face causal LM (eval mode).
@@ -98,11 +127,6 @@ class CachedModel:
         logits[:, self.head_ids] = sub
         return logits
 
-    def prefill(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
-        self.reset()
-        return self.extend(tokens, last_only=True)
-
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on (0 <= length <= self.length)."""
         if not 0 <= length <= self.length:
@@ -111,22 +135,3 @@ class CachedModel:
             crop(self.cache, length)
             del self.tokens[length:]
         assert cache_length(self.cache) == self.length
-
-    def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
-        """Make the cache hold `context` and return the logits of its last position.
-
-        Keeps the longest common prefix with what is cached (always re-running at least the last
-        token, whose logits are returned), rolls back the rest, and extends.
-
-        Args:
-            context: the committed token ids (len >= 1).
-
-        Returns:
-            (1, V) logits predicting the token after `context` (all fed rows if not last_only).
-        """
-        limit = min(self.length, len(context) - 1)
-        keep = limit
-        if self.tokens[:limit] != list(context[:limit]):  # rare: the slow scan for the split point
-            keep = next(i for i in range(limit) if self.tokens[i] != context[i])
-        self.rollback(keep)
-        return self.extend(context[keep:], last_only=last_only)

@@ -1,6 +1,6 @@
 """NativeCachedModel: the one owner of a native Llama forward and its static KV cache.
 
-The same verbs as `CachedModel` (prefill, extend, rollback, sync, reset; logits cut to the shared
+The same verbs as `CachedModel` (prefill and sync shared with it; extend, rollback, reset; logits cut to the shared
 vocabulary, an optional restricted LM head), so decoders and drafters use either unchanged, plus
 what speculation beyond chains needs: `extend` takes positions and a tree mask over the new rows and
 can return hidden states; `compact` keeps a chosen subset of the rows just added (the accepted path
@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.cached_model import TokenCacheVerbs
 from quickdraft.models.native import NativeLlama
 
 
-class NativeCachedModel:
+class NativeCachedModel(TokenCacheVerbs):
     """One Llama-family model run natively, with its static cache.
 
     Args:
@@ -103,11 +104,6 @@ class NativeCachedModel:
         self.tokens.extend(int(t) for t in tokens)
         return self.logits(x[-1:] if last_only else x)
 
-    def prefill(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
-        self.reset()
-        return self.extend(tokens, last_only=True)
-
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on: a new length, nothing copied."""
         if not 0 <= length <= self.length:
@@ -124,12 +120,3 @@ class NativeCachedModel:
             raise ValueError(f"compact: rows {list(keep)} are not increasing rows of the last extend")
         self.cache.move_rows(torch.tensor(rows, dtype=torch.long, device=self.net.device), start)
         self.tokens[start:] = [self.tokens[r] for r in rows]
-
-    def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
-        """Make the cache hold `context` and return the logits of its last position (as CachedModel)."""
-        limit = min(self.length, len(context) - 1)
-        keep = limit
-        if self.tokens[:limit] != list(context[:limit]):
-            keep = next(i for i in range(limit) if self.tokens[i] != context[i])
-        self.rollback(keep)
-        return self.extend(context[keep:], last_only=last_only)

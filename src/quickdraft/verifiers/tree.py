@@ -53,6 +53,13 @@ class TokenTree:
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
 
+    def children_map(self) -> dict[int, list[int]]:
+        """{node (-1 = root): its children in order}."""
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            kids.setdefault(p, []).append(i)
+        return kids
+
     @property
     def depths(self) -> list[int]:
         """1 for children of the root, and so on."""
@@ -83,9 +90,7 @@ class TokenTree:
 def verify_tree_greedy(tree: TokenTree, p_rows: torch.Tensor) -> tuple[list[int], int]:
     """(accepted node path, next token) by argmax. p_rows: (n+1, V) target rows (probs or logits)."""
     best = p_rows.argmax(-1).tolist()
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents):
-        kids.setdefault(p, []).append(i)
+    kids = tree.children_map()
     node, path = -1, []
     while True:
         want = best[node + 1]
@@ -109,9 +114,7 @@ def verify_tree_sampling(
         p_rows: (n+1, V) processed target probabilities.
     """
     u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype)
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents):
-        kids.setdefault(p, []).append(i)
+    kids = tree.children_map()
     node, path = -1, []
     while True:
         p = p_rows[node + 1]
