@@ -14,7 +14,6 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTIONS, add_option_flags, given_options, options_from
 
 MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device")
-DECODE_OPTIONS = tuple(o for o in OPTIONS if o not in MODEL_OPTIONS)
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,11 @@ from quickdraft.errors import ContextLengthError, QuickdraftError
 Prompt = str | Sequence[dict] | Sequence[int]
 
 
+def context_length(model) -> int:
+    """A causal LM's context: max_position_embeddings, unbounded when the config names none."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
 class PromptCodec:
     """Encode prompts and decode outputs for one target.
 
@@ -27,6 +32,11 @@ class PromptCodec:
     def __init__(self, tokenizer: object | None, vocab_size: int, context_length: int) -> None:
         self.tokenizer, self.vocab_size, self.context_length = tokenizer, vocab_size, context_length
         self._max_token_chars: int | None = None
+
+    @classmethod
+    def for_target(cls, target) -> PromptCodec:
+        """The codec of a LoadedModel: its tokenizer, vocabulary and context (the cache owners' rule)."""
+        return cls(target.tokenizer, target.vocab_size, context_length(target.model))
 
     def check_chars(self, num_chars: int) -> None:
         """Refuse a text that must exceed the context: no token is longer than the longest vocabulary

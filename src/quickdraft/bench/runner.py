@@ -47,22 +47,17 @@ class BenchConfig:
 
 
 def machine_info(config_device: str = "cpu") -> dict:
-    cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():  # the first CPU's model name and flags
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
     return {
         "cpu": cpu,
         "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),
@@ -93,7 +88,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
     methods = {s.text: build_method(s, target, config.dtype, config.runtime) for s in specs}
-    codec = PromptCodec(target.tokenizer, target.vocab_size, int(target.model.config.max_position_embeddings))
+    codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
     out = Path(config.out)

@@ -53,7 +53,7 @@ class Collector:
     """
 
     def __init__(self, stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False) -> None:
-        self.stop, self.detokenize = stop, detokenize
+        self.stop = stop
         self.stats = SpecStats(lossy=lossy)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None  # set once done

@@ -33,7 +33,6 @@ from quickdraft.decoding.common import Generators, prefill_step
 from quickdraft.drafters.base import Drafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.timing import step_seconds  # noqa: F401  (re-exported)
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Proposal, Round
 from quickdraft.verifiers import Verifier

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict, gamma_from_costs
+from quickdraft.drafters.base import drafter_step_seconds
 from quickdraft.models.timing import step_seconds
 from quickdraft.types import Proposal
 
@@ -110,8 +111,7 @@ class _DraftRole:
         self.drafter = make_drafter(spec.drafter, load_model(spec.target, spec.dtype), spec.dtype, spec.runtime)
 
     def step_seconds(self) -> float | None:
-        measure = getattr(self.drafter, "step_seconds", None)
-        return measure() if measure is not None else None
+        return drafter_step_seconds(self.drafter)
 
     def run(self, job, gamma: int) -> None:
         from quickdraft.decoding.common import Generators

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
-from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs, step_seconds
+from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import Drafter, drafter_step_seconds
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.timing import step_seconds
 from quickdraft.verifiers import make_verifier
 
 if TYPE_CHECKING:  # EngineConfig's module imports this one
@@ -44,12 +45,6 @@ class DecodeParts:
             if close is not None:
                 close()
         self.memo.clear()
-
-
-def drafter_step_seconds(drafter: Drafter | None) -> float | None:
-    """The drafter's own measured cost of one draft step (None for model-free drafters)."""
-    measure = getattr(drafter, "step_seconds", None)
-    return measure() if measure is not None else None
 
 
 def pearl_gamma(parts: DecodeParts) -> int:

@@ -51,3 +51,10 @@ class Drafter(Protocol):
 
 def empty_proposal() -> Proposal:
     return Proposal(tokens=torch.zeros(0, dtype=torch.long), q_probs=None)
+
+
+def drafter_step_seconds(drafter: Drafter | None) -> float | None:
+    """The drafter's own measured cost of one draft step; None without a drafter, for model-free
+    drafters, and for drafters written before the protocol had `step_seconds`."""
+    measure = getattr(drafter, "step_seconds", None)
+    return measure() if measure is not None else None

@@ -19,6 +19,22 @@ from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.kv_cache import cache_length, crop, new_cache
+from quickdraft.prompts import context_length
+
+
+def check_head_ids(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(K,) int64 head ids, or a clear error unless they are non-empty ids below vocab_size."""
+    ids = head_ids.to(torch.long)
+    if ids.numel() == 0 or int(ids.max()) >= vocab_size or int(ids.min()) < 0:
+        raise QuickdraftError(f"head_ids must be non-empty token ids below {vocab_size}")
+    return ids
+
+
+def scatter_head(sub: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(n, K) logits of a restricted head -> (n, V) logits, -inf off `head_ids` (q = 0 there)."""
+    logits = torch.full((sub.shape[0], vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
+    logits[:, head_ids] = sub
+    return logits
 
 
 class TokenCacheVerbs:
@@ -67,19 +83,13 @@ class CachedModel(TokenCacheVerbs):
         self.cache = new_cache(model)
         self.tokens: list[int] = []
         self.num_forwards = 0
-        self.head_ids = None if head_ids is None else head_ids.to(torch.long)
+        self.head_ids = None if head_ids is None else check_head_ids(head_ids, self.vocab_size)
         self._head_rows: torch.Tensor | None = None
         if self.head_ids is not None:
             head = model.get_output_embeddings()
             cfg = model.config
             if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
                 raise QuickdraftError(f"a restricted LM head needs a plain linear head ({cfg.model_type} is not)")
-            if (
-                self.head_ids.numel() == 0
-                or int(self.head_ids.max()) >= self.vocab_size
-                or int(self.head_ids.min()) < 0
-            ):
-                raise QuickdraftError(f"head_ids must be non-empty token ids below {self.vocab_size}")
             self._head_rows = head.weight.detach()[self.head_ids].contiguous()  # (K, H)
 
     @property
@@ -89,7 +99,7 @@ class CachedModel(TokenCacheVerbs):
 
     @property
     def max_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        return context_length(self.model)
 
     def reset(self) -> None:
         self.cache = new_cache(self.model)
@@ -122,10 +132,7 @@ class CachedModel(TokenCacheVerbs):
         """Decoder forward, then the head on the K kept rows: (n, V) logits, -inf off head_ids."""
         hidden = self.model.get_decoder()(input_ids=ids, past_key_values=self.cache, use_cache=True).last_hidden_state
         hidden = hidden[0, -1:] if last_only else hidden[0]  # (n, H)
-        sub = hidden @ self._head_rows.T  # (n, K)
-        logits = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
-        logits[:, self.head_ids] = sub
-        return logits
+        return scatter_head(hidden @ self._head_rows.T, self.head_ids, self.vocab_size)  # (n, K) -> (n, V)
 
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on (0 <= length <= self.length)."""

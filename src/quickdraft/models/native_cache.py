@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import TokenCacheVerbs
+from quickdraft.models.cached_model import TokenCacheVerbs, check_head_ids, scatter_head
 from quickdraft.models.native import NativeLlama
 
 
@@ -39,13 +38,8 @@ class NativeCachedModel(TokenCacheVerbs):
         self.num_forwards = 0
         self.hidden: dict[int, torch.Tensor] = {}  # states kept by the last extend
         self._block_start = 0  # where the last extend's rows begin (for compact)
-        self.head_ids = None if head_ids is None else head_ids.to(torch.long)
+        self.head_ids = None if head_ids is None else check_head_ids(head_ids, self.vocab_size)
         if self.head_ids is not None:
-            if (
-                self.head_ids.numel() == 0
-                or not 0 <= int(self.head_ids.min()) <= int(self.head_ids.max()) < self.vocab_size
-            ):
-                raise QuickdraftError(f"head_ids must be non-empty token ids below {self.vocab_size}")
             self.head = self.net.head[self.head_ids].contiguous()  # (K, H)
         else:
             self.head = self.net.head[: self.vocab_size]  # a view: drops a padded tail, no copy
@@ -65,11 +59,7 @@ class NativeCachedModel(TokenCacheVerbs):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) final-normed states -> (n, V) logits (-inf off a restricted head's ids)."""
         sub = F.linear(hidden, self.head)
-        if self.head_ids is None:
-            return sub
-        out = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
-        out[:, self.head_ids] = sub
-        return out
+        return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
 
     @torch.inference_mode()
     def extend(
