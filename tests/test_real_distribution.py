@@ -34,10 +34,15 @@ class Named:
         return self.fn(*args)
 
 
-@pytest.fixture(scope="module")
-def models():
+def law_models():
+    """(target, noisy-copy draft): float64 tiny Llamas over V tokens."""
     target = tiny_llama(vocab=V, layers=2, hidden=32, seed=3, dtype=torch.float64, init=0.2)
     return target, noisy_copy(target, 1.5, seed=4)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return law_models()
 
 
 def exact_law(model) -> dict[tuple[int, ...], float]:
@@ -51,15 +56,13 @@ def exact_law(model) -> dict[tuple[int, ...], float]:
     return law
 
 
-def pvalue(verifier, models) -> tuple[float, int]:
-    """(chi-square p-value of N generations against the exact law, number of rejected drafts)."""
+def pvalue(verifier, models, parts=None) -> tuple[float, int]:
+    """(chi-square p-value of N generations against the exact law, number of rejected drafts).
+
+    parts: (target cache owner, drafter) to test; default the HF cache and the noisy-copy draft."""
     target, draft = models
-    decoder = SpeculativeDecoder(
-        CachedModel(target.model),
-        ModelDrafter(CachedModel(draft.model)),
-        verifier,
-        lambda: make_draft_policy(DraftConfig(K)),
-    )
+    owner, drafter = parts or (CachedModel(target.model), ModelDrafter(CachedModel(draft.model)))
+    decoder = SpeculativeDecoder(owner, drafter, verifier, lambda: make_draft_policy(DraftConfig(K)))
     counts: dict[tuple[int, ...], int] = {}
     drafted = rejected = 0
     for i in range(N):

@@ -53,6 +53,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_distill_parsers(sub, _add_model_flags)
 
+    from quickdraft.distill.train_draft_cli import add_train_draft_parser
+
+    add_train_draft_parser(sub)
+
     # serve: unset flags stay absent so a YAML config can fill them (explicit flags win)
     srv = sub.add_parser(
         "serve", help="OpenAI-compatible server (127.0.0.1 by default)", argument_default=argparse.SUPPRESS

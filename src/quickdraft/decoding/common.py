@@ -46,14 +46,19 @@ def pick_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.
 
 
 def prefill_step(
-    target: CachedModel, prompt_ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator
+    target: CachedModel,
+    prompt_ids: Sequence[int],
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    keep_hidden: Sequence[int] = (),
 ) -> Round:
-    """Run the prompt through the target and pick the first new token.
+    """Run the prompt through the target and pick the first new token (`keep_hidden`: the target
+    layers whose states a target-reading drafter observes; native runtime only).
 
     Afterwards the target cache holds the prompt and the new token is in no cache (the invariant
     of every loop: the cache holds the committed sequence minus its last token).
     """
     start = time.perf_counter()
-    logits = target.prefill(prompt_ids)[-1]
+    logits = (target.prefill(prompt_ids, keep_hidden=keep_hidden) if keep_hidden else target.prefill(prompt_ids))[-1]
     token = pick_token(logits, sampling, generator)
     return Round(tokens=[token], verify_s=time.perf_counter() - start)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
 from quickdraft.decoding.common import Generators, prefill_step
-from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.base import Drafter, bind_target, empty_proposal, observe_target
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
@@ -19,7 +19,10 @@ class SpeculativeDecoder:
     """Draft with any Drafter, verify with any Verifier (method name "sd").
 
     Cache ownership: the target's CachedModel is driven here (extend k+1 rows, roll back to the
-    committed length minus one); the drafter owns and syncs its own state.
+    committed length minus one); the drafter owns and syncs its own state. A drafter that reuses
+    the target (drafters/base.py: feature head, Kangaroo) is bound to the target's cache owner and
+    observes the states of every committed row; a proposal carrying shallow states (Kangaroo) is
+    verified by the remaining layers only.
 
     Args:
         target: the target model and its cache.
@@ -39,6 +42,7 @@ class SpeculativeDecoder:
     ) -> None:
         self.target, self.drafter, self.verifier, self.make_policy = target, drafter, verifier, make_policy
         self.lossy = verifier.lossy
+        self.keep_hidden = bind_target(drafter, target)
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
@@ -46,7 +50,8 @@ class SpeculativeDecoder:
         """Yield one Round per target forward until the consumer stops."""
         policy = self.make_policy()
         self.drafter.begin(prompt_ids)
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.keep_hidden)
+        observe_target(self.drafter, self.target, len(prompt_ids))
         yield first
         context = list(prompt_ids) + first.tokens
         produced = 1
@@ -62,7 +67,9 @@ class SpeculativeDecoder:
             drafted = proposal.tokens.tolist()
             mid = time.perf_counter()
             # Step 2: one target forward over [last committed token, d_1..d_k] -> k+1 rows of p.
-            logits = self.target.extend([context[-1], *drafted])  # (k+1, V)
+            reuse = {} if proposal.shallow is None else {"shallow": proposal.shallow}
+            extra = {"keep_hidden": self.keep_hidden, **reuse} if self.keep_hidden or reuse else {}
+            logits = self.target.extend([context[-1], *drafted], **extra)  # (k+1, V)
             p = logits_to_probs(logits, sampling).unsqueeze(0)  # (1, k+1, V)
             q = None if proposal.q_probs is None else proposal.q_probs.unsqueeze(0)
             verdict = self.verifier(proposal.tokens.unsqueeze(0), q, p, generators.target)
@@ -70,6 +77,7 @@ class SpeculativeDecoder:
             # Step 3: commit accepted drafts + next token; the target cache keeps all but the new token.
             new_tokens = drafted[:n] + [next_token]
             self.target.rollback(len(context) + n)
+            observe_target(self.drafter, self.target, n + 1)
             context += new_tokens
             produced += len(new_tokens)
             policy.update(len(drafted), n)

@@ -3,7 +3,8 @@
 A drafter is named by a spec string (grammar and parser in `drafters/spec.py`): "ngram[:N[:M]]"
 (prompt lookup), "model:PATH" (an independent draft model folder), "truncated:N" (the target's
 first N layers + norm + head), "distilled[:PATH]" (a DistillSpec delta; without PATH the one
-shipped for the embedded default target); "A+B" is a fallback chain tried in order each round; a
+shipped for the embedded default target), "head[:PATH]" and "kangaroo[:PATH]" (drafters that reuse
+the target: drafters/reuse.py); "A+B" is a fallback chain tried in order each round; a
 model stage may end with "@DTYPE" to run in its own dtype (e.g. "distilled@bfloat16" under a float32
 target: the draft's precision never affects losslessness).
 
@@ -19,6 +20,7 @@ from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
+from quickdraft.drafters.reuse import REUSING_BUILDERS
 from quickdraft.drafters.spec import SYNTAX, DrafterSpec, int_arg, ngram_sizes, parse_drafter_spec
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
@@ -68,6 +70,7 @@ BUILDERS: dict[str, Builder] = {
     "model": _model,
     "truncated": _truncated,
     "distilled": _distilled,
+    **REUSING_BUILDERS,
 }
 DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"

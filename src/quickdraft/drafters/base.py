@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from quickdraft.config import SamplingConfig
+from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
 # Called with the draft's raw logits row (V,) after each drafted token; False stops the round.
@@ -47,6 +48,40 @@ class Drafter(Protocol):
         """Measured seconds of one draft step, or None when drafting costs next to nothing (no model).
         Used to size PEARL's window; may reset the drafter's state (call between generations)."""
         ...
+
+
+# A drafter that reuses the target declares which of the target's states it reads
+# (`target_layers`: a layer index l = the state entering layer l, or FEATURES = the final-normed
+# state the LM head reads) and implements `bind(target)` and `observe(states)`. Decoders bind it to
+# the target's cache owner once and, after every target forward, pass it the rows of the tokens that
+# forward committed: {layer: (m, H)}, m = accepted drafts + 1 (the whole prompt after prefill).
+FEATURES = -1
+
+
+def reads_target(drafter: Drafter | None) -> bool:
+    """Whether `drafter` consumes the target's hidden states (it then needs the native runtime)."""
+    return bool(getattr(drafter, "target_layers", ()))
+
+
+def bind_target(drafter: Drafter | None, target) -> tuple[int, ...]:
+    """Give a target-reading drafter the target's cache owner; returns the layers to keep (the
+    `keep_hidden` of the target's forwards), empty for every other drafter."""
+    if not reads_target(drafter):
+        return ()
+    if not hasattr(target, "extend_shallow"):
+        raise QuickdraftError(f"the {drafter.name} drafter reads the target's hidden states: use --runtime native")
+    drafter.bind(target)
+    return tuple(layer for layer in drafter.target_layers if layer != FEATURES)
+
+
+def observe_target(drafter: Drafter | None, target, rows: int) -> None:
+    """Pass the first `rows` rows of the target's last forward to a target-reading drafter."""
+    if not reads_target(drafter):
+        return
+    states = {layer: target.hidden[layer][:rows] for layer in drafter.target_layers if layer != FEATURES}
+    if FEATURES in drafter.target_layers:
+        states[FEATURES] = target.features[:rows]
+    drafter.observe(states)
 
 
 def empty_proposal() -> Proposal:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal, reads_target
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
@@ -38,6 +38,21 @@ class FallbackDrafter:
         self.drafters = list(drafters)
         self.name = "+".join(d.name for d in self.drafters)
         self.rounds_by_drafter = [0] * len(self.drafters)
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """The target states any stage reads (drafters/base.py)."""
+        return tuple(dict.fromkeys(layer for d in self.drafters for layer in getattr(d, "target_layers", ())))
+
+    def bind(self, target) -> None:
+        for drafter in self.drafters:
+            if reads_target(drafter):
+                drafter.bind(target)
+
+    def observe(self, states) -> None:
+        for drafter in self.drafters:
+            if reads_target(drafter):
+                drafter.observe({layer: states[layer] for layer in drafter.target_layers})
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         for drafter in self.drafters:

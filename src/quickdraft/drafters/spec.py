@@ -6,7 +6,9 @@
 Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (prompt lookup, longest N
 and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
 `truncated:N` (the target's first N layers), `distilled[:PATH]` (a DistillSpec delta; without PATH
-the one shipped for the default target). Every surface (CLI, server, bench, export, Python API)
+the one shipped for the default target), `head[:PATH]` (an EAGLE-style feature head on the target's
+last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter; both
+trained by `quickdraft train-draft`, shipped for the default target, native runtime only). Every surface (CLI, server, bench, export, Python API)
 parses through `parse_drafter_spec`, so a bad spec is refused with the same message before any
 model loads.
 """
@@ -64,6 +66,8 @@ SYNTAX: dict[str, KindSyntax] = {
     "model": KindSyntax("model:PATH", _required_path("model")),
     "truncated": KindSyntax("truncated:N", lambda arg: int_arg("truncated", arg)),
     "distilled": KindSyntax("distilled[:PATH]", lambda arg: None),
+    "head": KindSyntax("head[:PATH]", lambda arg: None),
+    "kangaroo": KindSyntax("kangaroo[:PATH]", lambda arg: None),
 }
 
 

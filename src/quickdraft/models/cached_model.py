@@ -41,10 +41,10 @@ class TokenCacheVerbs:
     """The verbs every cache owner shares, written once on top of its own `extend`, `rollback`,
     `reset` and `tokens` (the ids its cache holds): `prefill` and `sync`."""
 
-    def prefill(self, tokens: Sequence[int]) -> torch.Tensor:
+    def prefill(self, tokens: Sequence[int], **extend_options) -> torch.Tensor:
         """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
         self.reset()
-        return self.extend(tokens, last_only=True)
+        return self.extend(tokens, last_only=True, **extend_options)
 
     def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
         """Make the cache hold `context` and return the logits of its last position.

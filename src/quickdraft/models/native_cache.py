@@ -5,6 +5,11 @@ vocabulary, an optional restricted LM head), so decoders and drafters use either
 what speculation beyond chains needs: `extend` takes positions and a tree mask over the new rows and
 can return hidden states; `compact` keeps a chosen subset of the rows just added (the accepted path
 of a tree); rollback only sets a length (no copy, no reallocation).
+
+Self-drafting that shares this cache (Kangaroo) runs the first l layers on draft tokens with
+`extend_shallow` (their layer-[0, l) keys land in this cache, ahead of the committed length), then
+verification passes those states back to `extend(..., shallow=...)`, which runs only layers [l, L).
+Every extend keeps its rows' final-normed states in `features` (what the LM head reads).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class NativeCachedModel(TokenCacheVerbs):
         self.tokens: list[int] = []
         self.num_forwards = 0
         self.hidden: dict[int, torch.Tensor] = {}  # states kept by the last extend
+        self.features = torch.empty(0)  # (n, H) final-normed states of the last extend's rows
+        self._shallow: list[int] = []  # tokens run through layers [0, l) beyond the committed length
+        self._shallow_stop = 0
         self._block_start = 0  # where the last extend's rows begin (for compact)
         self.head_ids = None if head_ids is None else check_head_ids(head_ids, self.vocab_size)
         if self.head_ids is not None:
@@ -55,6 +63,7 @@ class NativeCachedModel(TokenCacheVerbs):
     def reset(self) -> None:
         self.tokens = []
         self.hidden = {}
+        self._shallow = []
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) final-normed states -> (n, V) logits (-inf off a restricted head's ids)."""
@@ -69,6 +78,7 @@ class NativeCachedModel(TokenCacheVerbs):
         positions: Sequence[int] | None = None,
         tree_mask: torch.Tensor | None = None,
         keep_hidden: Sequence[int] = (),
+        shallow: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append tokens to the cache and return their logits.
 
@@ -78,27 +88,56 @@ class NativeCachedModel(TokenCacheVerbs):
             positions: (n,) RoPE positions (default: consecutive after the cache).
             tree_mask: (n, n) bool, which new rows each new row attends to (default causal).
             keep_hidden: layers whose entering states to keep in `self.hidden` ((n, H) each).
+            shallow: (n, H) the states after layers [0, l) of exactly these tokens, computed by
+                `extend_shallow` (their shallow keys are cached): only layers [l, L) run.
 
         Returns:
             (n, V) logits, or (1, V) with last_only, in the model's dtype.
         """
         n, at = len(tokens), self.length
         self.cache.ensure(at + n)
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.net.device)
         pos = None if positions is None else torch.tensor(list(positions), dtype=torch.long, device=self.net.device)
-        x, self.hidden = self.net.forward(
-            self.cache, at, ids, positions=pos, tree_mask=tree_mask, keep_hidden=keep_hidden
-        )
+        if shallow is not None:
+            if list(tokens) != self._shallow or shallow.shape[0] != n:
+                raise ValueError("extend(shallow=...): the tokens are not the ones run by extend_shallow")
+            stop = self._shallow_stop
+            x, kept = self.net.forward(
+                self.cache, at, hidden=shallow, positions=pos, tree_mask=tree_mask,
+                layers=(stop, self.net.num_layers), keep_hidden=keep_hidden,
+            )  # fmt: skip
+        else:
+            ids = torch.tensor(list(tokens), dtype=torch.long, device=self.net.device)
+            x, kept = self.net.forward(self.cache, at, ids, positions=pos, tree_mask=tree_mask, keep_hidden=keep_hidden)
+        self.hidden, self.features, self._shallow = kept, x, []
         self._block_start = at
         self.num_forwards += 1
         self.tokens.extend(int(t) for t in tokens)
         return self.logits(x[-1:] if last_only else x)
+
+    @torch.inference_mode()
+    def extend_shallow(self, tokens: Sequence[int], stop: int) -> torch.Tensor:
+        """Run layers [0, stop) on tokens that follow the committed ones and any earlier shallow
+        tokens; their keys for those layers are cached. Returns (n, H), the states entering layer
+        `stop`. The committed length does not move: `extend(..., shallow=...)` finishes them and
+        rollback, reset or a plain extend drops them."""
+        if self._shallow and stop != self._shallow_stop:
+            raise ValueError(f"extend_shallow: exit layer {stop} differs from the pending {self._shallow_stop}")
+        if not 0 < stop < self.net.num_layers:
+            raise ValueError(f"extend_shallow: exit layer {stop} outside [1, {self.net.num_layers - 1}]")
+        at = self.length + len(self._shallow)
+        self.cache.ensure(at + len(tokens))
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.net.device)
+        x, _ = self.net.forward(self.cache, at, ids, layers=(0, stop))
+        self._shallow.extend(int(t) for t in tokens)
+        self._shallow_stop = stop
+        return x
 
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on: a new length, nothing copied."""
         if not 0 <= length <= self.length:
             raise ValueError(f"rollback to {length} outside [0, {self.length}]")
         del self.tokens[length:]
+        self._shallow = []
 
     @torch.inference_mode()
     def compact(self, keep: Sequence[int]) -> None:

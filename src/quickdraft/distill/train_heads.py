@@ -1,0 +1,169 @@
+"""Train Kangaroo adapters and EAGLE-style feature heads on the SeqKD corpus (`quickdraft train-draft`).
+
+One frozen target pass per batch (the native forward, exactly as at inference) yields both the
+exit-layer states (Kangaroo's input) and the final-normed features (the head's input and target);
+every requested module then takes one AdamW step on it:
+
+- kangaroo: soft cross-entropy of q = softmax(head(adapter(h_l))) against p = the target's
+  distribution at the same position (= forward KL(p||q) + const), as the paper trains it;
+- head: the same against the target's distribution one position ahead, plus EAGLE's feature
+  regression (smooth L1 between the predicted and the true next feature).
+
+p and q live on the restricted head's K ids (the drafter drafts from those K rows only); held-out
+evaluation scores q against the target's full distribution. Runs checkpoint every N steps and resume.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.distill.seqkd import Row, response_mask, window
+from quickdraft.models.draft_heads import MODULES, DraftHeadConfig, init_from_target
+from quickdraft.models.native import NativeLlama
+
+
+@dataclass
+class TrainDraftConfig:
+    """What `train-draft` trains and how (defaults: the shipped modules' recipe)."""
+
+    kinds: tuple[str, ...] = ("head",)
+    steps: int = 1000
+    batch_size: int = 8
+    max_len: int = 256
+    lr: float = 1e-3
+    warmup: int = 40
+    exit_layer: int = 2
+    head_vocab: int = 8192
+    feature_weight: float = 1.0
+    checkpoint_every: int = 50
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Batch:
+    """Padded target states of B corpus windows: ids (B, T), feats and shallow (B, T, H)."""
+
+    ids: torch.Tensor
+    lengths: list[int]
+    prompt_lens: list[int]
+    feats: torch.Tensor
+    shallow: torch.Tensor | None
+
+
+@torch.no_grad()
+def target_batch(net: NativeLlama, rows: list[Row], max_len: int, exit_layer: int | None) -> Batch:
+    """Run the frozen target on each row's window (one sequence at a time, the inference forward)."""
+    windows = [window(r, max_len) for r in rows]
+    width = max(len(ids) for ids, _ in windows)
+    hidden = net.embed.shape[1]
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    feats = torch.zeros(len(rows), width, hidden, dtype=net.dtype)
+    shallow = None if exit_layer is None else torch.zeros_like(feats)
+    cache = net.new_cache(width)
+    for b, (seq, _) in enumerate(windows):
+        x = torch.tensor(seq, dtype=torch.long, device=net.device)
+        out, kept = net.forward(cache, 0, x, keep_hidden=() if exit_layer is None else (exit_layer,))
+        ids[b, : len(seq)] = x.cpu()
+        feats[b, : len(seq)] = out.cpu()
+        if shallow is not None:
+            shallow[b, : len(seq)] = kept[exit_layer].cpu()
+    return Batch(ids, [len(s) for s, _ in windows], [p for _, p in windows], feats, shallow)
+
+
+def module_logits(module, kind: str, batch: Batch, embed: torch.Tensor, head: torch.Tensor):
+    """(logits (B, T', K) of q, aligned target features (B, T', H), mask (B, T'), predicted features)."""
+    width = batch.ids.shape[1]
+    dev, dtype = head.device, next(module.parameters()).dtype
+    if kind == "kangaroo":
+        positions = torch.arange(width, device=dev)
+        z = module(batch.shallow.to(dev, dtype), positions)
+        logits = F.linear(z, head.to(z.dtype))
+        return logits, batch.feats.to(dev), response_mask(batch.lengths, batch.prompt_lens, width), z
+    # head: input (f_t, x_{t+1}) predicts f_{t+1}, whose distribution is over x_{t+2}
+    positions = torch.arange(width - 1, device=dev)
+    feats = batch.feats.to(dev)
+    pred = module(feats[:, :-1].to(dtype), embed[batch.ids[:, 1:].to(dev)].to(dtype), positions)
+    mask = response_mask(batch.lengths, batch.prompt_lens, width - 1, shift=1)
+    return F.linear(pred, head.to(pred.dtype)), feats[:, 1:], mask, pred
+
+
+def train_loss(module, kind: str, batch: Batch, embed, head, feature_weight: float) -> tuple[torch.Tensor, dict]:
+    """Soft cross-entropy against the target's restricted p (+ feature regression for the head)."""
+    logits, target_feats, mask, pred = module_logits(module, kind, batch, embed, head)
+    mask = mask.to(logits.device)
+    with torch.no_grad():
+        p = F.softmax(F.linear(target_feats, head).float(), dim=-1)
+    logq = F.log_softmax(logits.float(), dim=-1)
+    ce = -(p * logq).sum(-1)
+    loss = (ce * mask).sum() / mask.sum()
+    stats = {"ce": float(loss.detach())}
+    if kind == "head":
+        reg = F.smooth_l1_loss(pred.float(), target_feats.float(), reduction="none").mean(-1)
+        reg = (reg * mask).sum() / mask.sum()
+        loss = loss + feature_weight * reg
+        stats["feat"] = float(reg.detach())
+    agree = (logits.argmax(-1) == p.argmax(-1)) & mask
+    stats["agree"] = float(agree.sum() / mask.sum())
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids) -> dict:
+    """Held-out, teacher-forced, one step: greedy agreement with the target's full-vocabulary argmax
+    and expected acceptance sum_v min(p, q) at T=1 (q is zero off the restricted ids)."""
+    agree = accept = count = 0.0
+    sub = full_head[head_ids]
+    for batch in batches:
+        logits, target_feats, mask, _ = module_logits(module, kind, batch, embed, sub)
+        p = F.softmax(F.linear(target_feats, full_head).float(), dim=-1)  # (B, T', V)
+        q_sub = F.softmax(logits.float(), dim=-1)
+        accept += float((torch.minimum(p[..., head_ids], q_sub).sum(-1) * mask).sum())
+        agree += float(((head_ids[logits.argmax(-1)] == p.argmax(-1)) & mask).sum())
+        count += float(mask.sum())
+    return {"greedy_agreement": agree / count, "expected_acceptance_t1": accept / count, "positions": int(count)}
+
+
+def new_module(kind: str, target_model, cfg: TrainDraftConfig) -> torch.nn.Module:
+    head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer)
+    module = MODULES[kind](head_cfg)
+    layers = int(target_model.config.num_hidden_layers)
+    init_from_target(module, target_model, cfg.exit_layer if kind == "kangaroo" else layers - 1)
+    return module.float()
+
+
+def lr_at(step: int, cfg: TrainDraftConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def batch_rows(rows: list[Row], step: int, batch_size: int, seed: int) -> list[Row]:
+    """The rows of training step `step` (a fixed shuffled order per pass, so a resumed run sees the
+    same data it would have seen)."""
+    start = step * batch_size
+    epoch, offset = divmod(start, len(rows))
+    order = list(range(len(rows)))
+    random.Random(seed * 1000 + epoch).shuffle(order)
+    picked = [order[(offset + i) % len(rows)] for i in range(batch_size)]
+    return [rows[i] for i in picked]
+
+
+def save_checkpoint(path: Path, step: int, modules: dict, optims: dict, history: list) -> None:
+    state = {
+        "step": step,
+        "modules": {k: m.state_dict() for k, m in modules.items()},
+        "optims": {k: o.state_dict() for k, o in optims.items()},
+        "history": history,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)

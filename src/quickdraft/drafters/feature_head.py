@@ -1,0 +1,125 @@
+"""EAGLE-style feature-head drafting: one decoder layer over the target's own last hidden states.
+
+The head's row t reads (f_t, x_{t+1}): the target's final-normed state at position t and the
+embedding of the token after it, and predicts f_{t+1}, which the target's LM head (optionally
+restricted to K ids) turns into the distribution of x_{t+2}. After the first draft token the head
+drafts on its own predicted features (EAGLE's autoregression at the feature level).
+
+State: `feats` holds the target's features of the committed tokens but the last (the decoder
+passes them through `observe` after every target forward: len(feats) == len(context) - 1), and the
+head's own cache `kv` holds rows built from true features only; rows built while drafting (on
+predicted features) are dropped at the end of every `propose`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import FEATURES, KeepDrafting, empty_proposal
+from quickdraft.models.cached_model import scatter_head
+from quickdraft.models.draft_heads import BlockKV, FeatureHead
+from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.types import Proposal
+
+
+class HeadLM:
+    """The target's LM head as a draft reads it: (n, H) states -> (n, V) logits, -inf off a
+    restricted head's ids; `embed` maps ids to the target's embeddings."""
+
+    def __init__(self, embed: torch.Tensor, head: torch.Tensor, vocab_size: int, head_ids: torch.Tensor | None):
+        self.embed, self.vocab_size = embed, vocab_size
+        self.head_ids = None if head_ids is None else head_ids.to(torch.long).to(head.device)
+        self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        sub = F.linear(states, self.weight)
+        return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
+
+
+def pick(logits: torch.Tensor, sampling: SamplingConfig, generator, q_rows: list) -> int:
+    """One draft token from a (V,) logits row: argmax when greedy, else a sample of the processed q
+    (appended to q_rows: verifiers need exactly the q each token was drawn from)."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    q = logits_to_probs(logits, sampling)
+    q_rows.append(q)
+    return int(sample(q, generator))
+
+
+class FeatureHeadDrafter:
+    """Drafts with a trained `FeatureHead` on the target's features (method sd; native runtime)."""
+
+    target_layers = (FEATURES,)
+
+    def __init__(self, head: FeatureHead, lm: HeadLM, name: str = "head") -> None:
+        self.head, self.lm, self.name = head, lm, name
+        self.feats: list[torch.Tensor] = []
+        self.kv = BlockKV(head.cfg, lm.embed.dtype, lm.embed.device)
+
+    def bind(self, target) -> None:
+        """Nothing to hold: features arrive through `observe`."""
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.feats, self.kv.length = [], 0
+
+    def observe(self, states: dict[int, torch.Tensor]) -> None:
+        self.feats.extend(states[FEATURES])
+
+    def step_seconds(self) -> float:
+        """Seconds of one head step (one row through the block and the LM head)."""
+        import time
+
+        kv, self.kv = self.kv, BlockKV(self.head.cfg, self.lm.embed.dtype, self.lm.embed.device)
+        x = self.lm.embed[:1]
+        with torch.inference_mode():
+            self._rows(x, torch.zeros(1, dtype=torch.long))
+            start = time.perf_counter()
+            for i in range(1, 6):
+                self.lm.logits(self._rows(x, torch.tensor([i])))
+        self.kv = kv
+        return (time.perf_counter() - start) / 5
+
+    def _rows(self, feats: torch.Tensor, tokens: torch.Tensor, start: int | None = None) -> torch.Tensor:
+        """Feed rows (feats (m, H), next tokens (m,)) at the head cache's end -> (m, H) predictions."""
+        at = self.kv.length if start is None else start
+        positions = torch.arange(at, at + feats.shape[0], device=feats.device)
+        return self.head(feats[None], self.lm.embed[tokens.to(feats.device)][None], positions, self.kv)[0]
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        committed = len(context) - 1
+        if len(self.feats) != committed:
+            raise RuntimeError(
+                f"{self.name} drafter: {len(self.feats)} target features for {committed} cached tokens "
+                "(a decoder must pass every target forward's rows to observe)"
+            )
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        fed = self.kv.length  # head rows built on true features
+        pending = torch.stack(self.feats[fed:committed])  # (m, H), m >= 1
+        nxt = torch.tensor(list(context[fed + 1 : committed + 1]), dtype=torch.long)
+        pred = self._rows(pending, nxt)[-1:]  # (1, H): predicted f_{committed}
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        while True:
+            logits = self.lm.logits(pred)[0]  # (V,)
+            tokens.append(pick(logits, sampling, generator, q_rows))
+            if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
+                break
+            pred = self._rows(pred, torch.tensor(tokens[-1:]))
+        self.kv.length = committed  # drop the rows built on predicted features
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            q_probs=torch.stack(q_rows) if q_rows else None,
+        )

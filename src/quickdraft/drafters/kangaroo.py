@@ -1,0 +1,107 @@
+"""Kangaroo (arXiv 2404.18911): self-speculative drafting by double early exit.
+
+The draft is the target's own first l layers (shared weights, shared KV cache) plus a trained
+adapter (one attention block with its own norms) and the target's LM head (optionally restricted
+to K ids). Drafting runs the shallow layers on each new token through the target's cache owner
+(`extend_shallow`) and stops after the first draft token whose top-1 probability is below eta (the
+second early exit) or at the length cap. The proposal carries the shallow states of [last committed
+token, d_1..d_k], so verification runs only layers [l, L) (`extend(..., shallow=...)`).
+
+State: `states` holds the exit-layer states of the committed tokens but the last (from `observe`,
+len == len(context) - 1); the adapter's cache `kv` holds rows of committed tokens only: rows added
+while drafting are dropped at the end of `propose` and refed from the verified states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.feature_head import HeadLM, pick
+from quickdraft.models.draft_heads import BlockKV, KangarooAdapter
+from quickdraft.types import Proposal
+
+
+class KangarooDrafter:
+    """Drafts with the target's shallow layers + a trained adapter (method sd; native runtime).
+
+    Args:
+        adapter: the trained adapter (its cfg.exit_layer is l).
+        lm: the target's (restricted) LM head and embeddings.
+        eta: stop after the first draft token whose top-1 draft probability is below eta.
+    """
+
+    def __init__(self, adapter: KangarooAdapter, lm: HeadLM, eta: float = 0.6, name: str = "kangaroo") -> None:
+        self.adapter, self.lm, self.eta, self.name = adapter, lm, eta, name
+        self.exit_layer = adapter.cfg.exit_layer
+        self.target_layers = (self.exit_layer,)
+        self.target = None
+        self.states: list[torch.Tensor] = []
+        self.kv = BlockKV(adapter.cfg, lm.embed.dtype, lm.embed.device)
+
+    def bind(self, target) -> None:
+        """The target's cache owner: the shallow layers run through it, on its cache."""
+        self.target = target
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.states, self.kv.length = [], 0
+
+    def observe(self, states: dict[int, torch.Tensor]) -> None:
+        self.states.extend(states[self.exit_layer])
+
+    def step_seconds(self) -> float | None:
+        """One draft step costs l of the target's L layers plus the adapter: measured by the
+        target's own step time scaled by l / L (the adapter and head are small beside it)."""
+        if self.target is None:
+            return None
+        from quickdraft.models.timing import step_seconds
+
+        return step_seconds(self.target) * self.exit_layer / self.target.net.num_layers
+
+    def _adapt(self, shallow: torch.Tensor) -> torch.Tensor:
+        """Rows (m, H) at the adapter cache's end -> (m, V) draft logits."""
+        at = self.kv.length
+        positions = torch.arange(at, at + shallow.shape[0], device=shallow.device)
+        return self.lm.logits(self.adapter(shallow[None], positions, self.kv)[0])
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        committed = len(context) - 1
+        if self.target is None or len(self.states) != committed:
+            raise RuntimeError(
+                f"{self.name} drafter: not bound to the target, or {len(self.states)} exit-layer states for "
+                f"{committed} cached tokens (a decoder must bind it and pass every forward's rows to observe)"
+            )
+        num_draft_tokens = min(num_draft_tokens, self.target.max_length - len(context) - 1)
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        if self.kv.length < committed:  # committed rows the adapter has not read yet
+            self._adapt(torch.stack(self.states[self.kv.length : committed]))
+        shallow = [self.target.extend_shallow([context[-1]], self.exit_layer)]  # first early exit
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        while True:
+            logits = self._adapt(shallow[-1])[0]  # (V,)
+            tokens.append(pick(logits, sampling, generator, q_rows))
+            shallow.append(self.target.extend_shallow(tokens[-1:], self.exit_layer))  # verification reuses it
+            confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit
+            if len(tokens) == num_draft_tokens or not confident:
+                break
+            if keep_drafting is not None and not keep_drafting(logits):
+                break
+        self.kv.length = committed
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            q_probs=torch.stack(q_rows) if q_rows else None,
+            shallow=torch.cat(shallow),
+        )

@@ -1,0 +1,247 @@
+"""Trainable draft modules that reuse the target: the Kangaroo adapter and the EAGLE-style feature head.
+
+Both are one small attention block of the target's shape; the token embedding and the LM head are
+the target's own (frozen, not stored). The same modules train (batched, teacher-forced: `distill/`)
+and draft (one sequence, incrementally, over a `BlockKV` cache owned by the drafter).
+
+- `KangarooAdapter` (Kangaroo, arXiv 2404.18911): the state after the target's first l layers ->
+  h + Attn(RMSNorm(h)) -> its own RMSNorm -> the LM head. No MLP.
+- `FeatureHead` (EAGLE, arXiv 2401.15077): [target feature f_t, embedding of x_{t+1}] -> a linear
+  fusion -> one decoder layer (attention + MLP) -> the predicted feature f_{t+1} -> the LM head. A
+  feature is the target's final-normed last hidden state, what its LM head reads.
+
+The files a trained module ships in (`draft_head.safetensors` + `draft_head.json` + an optional
+restricted head `head_ids.safetensors`) are read by `load_draft_head`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from quickdraft.errors import QuickdraftError
+
+HEAD_WEIGHTS = "draft_head.safetensors"
+HEAD_META = "draft_head.json"
+HEAD_IDS = "head_ids.safetensors"
+SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclass
+class DraftHeadConfig:
+    """Shape of a draft module; copied from the target's config (`from_target`).
+
+    kind: "kangaroo" (adapter, no MLP) or "head" (feature head, with MLP and the fusion layer).
+    exit_layer: Kangaroo's early-exit layer l (the adapter reads the state after layers [0, l)).
+    """
+
+    kind: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    rope_theta: float
+    vocab_size: int
+    exit_layer: int = 0
+
+    @classmethod
+    def from_target(cls, model, kind: str, exit_layer: int = 2) -> DraftHeadConfig:
+        cfg = model.config
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        if kind not in ("kangaroo", "head"):
+            raise QuickdraftError(f"unknown draft module kind {kind!r} (kangaroo or head)")
+        if kind == "kangaroo" and not 1 <= exit_layer < int(cfg.num_hidden_layers):
+            raise QuickdraftError(f"exit layer {exit_layer} outside [1, {int(cfg.num_hidden_layers) - 1}]")
+        return cls(
+            kind=kind,
+            hidden=int(cfg.hidden_size),
+            heads=int(cfg.num_attention_heads),
+            kv_heads=int(cfg.num_key_value_heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
+            intermediate=int(cfg.intermediate_size) if kind == "head" else 0,
+            eps=float(cfg.rms_norm_eps),
+            rope_theta=theta,
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            exit_layer=exit_layer if kind == "kangaroo" else 0,
+        )
+
+
+class BlockKV:
+    """The one attention block's keys and values for one sequence: (kv_heads, capacity, head_dim)
+    each, grown by doubling; `length` rows are valid (rollback = a new length)."""
+
+    def __init__(self, cfg: DraftHeadConfig, dtype, device, capacity: int = 512) -> None:
+        self.k = torch.zeros(cfg.kv_heads, capacity, cfg.head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def ensure(self, length: int) -> None:
+        if length > self.k.shape[1]:
+            new = max(length, 2 * self.k.shape[1])
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                grown = old.new_zeros(old.shape[0], new, old.shape[2])
+                grown[:, : old.shape[1]] = old
+                setattr(self, name, grown)
+
+
+class DraftBlock(nn.Module):
+    """One Llama decoder block (RMSNorm, GQA attention with RoPE, optional SwiGLU MLP)."""
+
+    def __init__(self, cfg: DraftHeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden, cfg.head_dim
+        self.attn_norm = nn.RMSNorm(h, eps=cfg.eps)
+        self.wq = nn.Linear(h, cfg.heads * d, bias=False)
+        self.wk = nn.Linear(h, cfg.kv_heads * d, bias=False)
+        self.wv = nn.Linear(h, cfg.kv_heads * d, bias=False)
+        self.wo = nn.Linear(cfg.heads * d, h, bias=False)
+        if cfg.intermediate:
+            self.mlp_norm = nn.RMSNorm(h, eps=cfg.eps)
+            self.gate = nn.Linear(h, cfg.intermediate, bias=False)
+            self.up = nn.Linear(h, cfg.intermediate, bias=False)
+            self.down = nn.Linear(cfg.intermediate, h, bias=False)
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None) -> torch.Tensor:
+        """x: (B, T, H) rows at `positions` (T,), causal among themselves; with `kv` (B = 1) they
+        follow kv.length cached rows, are written there, and kv.length advances. Returns (B, T, H)."""
+        b, t, _ = x.shape
+        cfg = self.cfg
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)  # (B, nh, T, d)
+        k = self.wk(h).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.wv(h).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        cos, sin = self.rope(positions, q.dtype)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if kv is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
+        else:
+            at = kv.length
+            kv.ensure(at + t)
+            kv.k[:, at : at + t], kv.v[:, at : at + t] = k[0].to(kv.k.dtype), v[0].to(kv.v.dtype)
+            kv.length = at + t
+            mask = None
+            if t > 1:
+                mask = torch.ones(t, at + t, dtype=torch.bool, device=x.device).tril(diagonal=at)
+            keys, values = kv.k[None, :, : at + t].to(q.dtype), kv.v[None, :, : at + t].to(q.dtype)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        x = x + self.wo(out.transpose(1, 2).reshape(b, t, cfg.heads * cfg.head_dim))
+        if cfg.intermediate:
+            h = self.mlp_norm(x)
+            x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return x
+
+
+class KangarooAdapter(nn.Module):
+    """Kangaroo's adapter: (B, T, H) exit-layer states -> (B, T, H) states for the LM head."""
+
+    def __init__(self, cfg: DraftHeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.block = DraftBlock(cfg)
+        self.out_norm = nn.RMSNorm(cfg.hidden, eps=cfg.eps)
+
+    def forward(self, shallow: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None) -> torch.Tensor:
+        return self.out_norm(self.block(shallow, positions, kv))
+
+
+class FeatureHead(nn.Module):
+    """EAGLE's head: features f_t (B, T, H) and embeddings of x_{t+1} (B, T, H) -> predicted f_{t+1}."""
+
+    def __init__(self, cfg: DraftHeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fuse = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
+        self.block = DraftBlock(cfg)
+
+    def forward(
+        self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None
+    ) -> torch.Tensor:
+        return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv)
+
+
+MODULES = {"kangaroo": KangarooAdapter, "head": FeatureHead}
+
+
+def init_from_target(module: nn.Module, model, layer: int) -> None:
+    """Start a module's block from the target's decoder layer `layer` (its attention, norms and MLP);
+    a feature head's fusion starts as the identity on the feature half."""
+    block = model.model.layers[layer]
+    own = module.block
+    pairs = [
+        (own.attn_norm.weight, block.input_layernorm.weight),
+        (own.wq.weight, block.self_attn.q_proj.weight),
+        (own.wk.weight, block.self_attn.k_proj.weight),
+        (own.wv.weight, block.self_attn.v_proj.weight),
+        (own.wo.weight, block.self_attn.o_proj.weight),
+    ]
+    if own.cfg.intermediate:
+        pairs += [
+            (own.mlp_norm.weight, block.post_attention_layernorm.weight),
+            (own.gate.weight, block.mlp.gate_proj.weight),
+            (own.up.weight, block.mlp.up_proj.weight),
+            (own.down.weight, block.mlp.down_proj.weight),
+        ]
+    with torch.no_grad():
+        for mine, theirs in pairs:
+            mine.copy_(theirs.to(mine.dtype))
+        if isinstance(module, KangarooAdapter):
+            module.out_norm.weight.copy_(model.model.norm.weight.to(module.out_norm.weight.dtype))
+        if isinstance(module, FeatureHead):  # start as "the next feature is this one": zero branch outputs
+            own.wo.weight.zero_()
+            own.down.weight.zero_()
+            hidden = own.cfg.hidden
+            module.fuse.weight.zero_()
+            module.fuse.weight[:, :hidden] = torch.eye(hidden)
+            module.fuse.weight[:, hidden:].normal_(0.0, 0.02)
+
+
+def load_draft_head(folder: Path, kind: str, model, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor | None, dict]:
+    """(module in eval mode, restricted head ids or None, meta) from a trained module's folder,
+    checked against the target `model` it must belong to."""
+    meta_path = folder / HEAD_META
+    if not meta_path.is_file() or not (folder / HEAD_WEIGHTS).is_file():
+        raise QuickdraftError(f"{folder} holds no trained draft module ({HEAD_META} + {HEAD_WEIGHTS})")
+    meta = json.loads(meta_path.read_text())
+    cfg = DraftHeadConfig(**meta["config"])
+    if cfg.kind != kind:
+        raise QuickdraftError(f"{folder} holds a {cfg.kind!r} module, not a {kind!r} one")
+    mine = DraftHeadConfig.from_target(model, kind, cfg.exit_layer or 2)
+    checks = ("hidden", "heads", "kv_heads", "head_dim", "vocab_size")
+    wrong = [
+        f"{k}: module {getattr(cfg, k)} vs target {getattr(mine, k)}"
+        for k in checks
+        if getattr(cfg, k) != getattr(mine, k)
+    ]
+    if wrong:
+        raise QuickdraftError(f"the draft module in {folder} was trained for another target ({', '.join(wrong)})")
+    module = MODULES[kind](cfg)
+    module.load_state_dict(load_file(str(folder / HEAD_WEIGHTS)))
+    head_ids = load_file(str(folder / HEAD_IDS))["head_ids"] if (folder / HEAD_IDS).is_file() else None
+    return module.to(dtype).eval().requires_grad_(False), head_ids, meta
+
+
+def config_dict(cfg: DraftHeadConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,188 @@
+"""Drafters that reuse the target (issue #15): the feature head and Kangaroo.
+
+- the native cache's shallow verbs equal a plain extend (float64) and roll back cleanly;
+- both drafters, trained for a few steps on a tiny target's own greedy text (a one-batch overfit),
+  give exactly plain decoding's tokens in float64 while accepting drafts; the cache after every
+  round equals a fresh recompute;
+- Kangaroo verifies with the remaining layers only, stops at eta, and a chain carries the states.
+"""
+
+import pytest
+import torch
+
+from quickdraft import Engine, EngineConfig
+from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
+from quickdraft.decoding import Generators, SpeculativeDecoder, collect
+from quickdraft.decoding.adaptive import make_draft_policy
+from quickdraft.decoding.autoregressive import Autoregressive
+from quickdraft.distill.train_heads import Batch, TrainDraftConfig, new_module, train_loss
+from quickdraft.drafters import FallbackDrafter, ngram_drafter
+from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
+from quickdraft.drafters.kangaroo import KangarooDrafter
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.verifiers import make_verifier
+
+from conftest import tiny_llama
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def run(decoder, n=48, sampling=GREEDY, seed=0):
+    return collect(decoder.rounds(PROMPT, sampling, n, Generators.from_seed(seed)), StopConfig(n))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab=48, layers=3, hidden=32, seed=5, dtype=torch.float64, init=0.25)
+
+
+def plain(target, n=48):
+    return run(Autoregressive(NativeCachedModel(target.model)), n).token_ids
+
+
+def overfit(kind: str, target, steps: int = 150):
+    """Train a module on the target's own greedy continuation of PROMPT (one batch, fixed)."""
+    text = PROMPT + plain(target, 64)
+    owner = NativeCachedModel(target.model)
+    owner.extend(text, keep_hidden=(1,))
+    batch = Batch(
+        ids=torch.tensor([text]),
+        lengths=[len(text)],
+        prompt_lens=[len(PROMPT)],
+        feats=owner.features[None].clone(),
+        shallow=owner.hidden[1][None].clone(),
+    )
+    cfg = TrainDraftConfig(kinds=(kind,), exit_layer=1)
+    module = new_module(kind, target.model, cfg).double()
+    embed, head = target.model.model.embed_tokens.weight.detach(), target.model.lm_head.weight.detach()
+    opt = torch.optim.Adam(module.parameters(), lr=3e-3)
+    first = None
+    for _ in range(steps):
+        loss, stats = train_loss(module, kind, batch, embed, head, 1.0)
+        first = first or stats
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return module.eval().requires_grad_(False), first, stats, HeadLM(embed, head, 48, None)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    return {kind: overfit(kind, target) for kind in ("head", "kangaroo")}
+
+
+def make_drafter(kind, trained, eta=0.0):
+    module, _, _, lm = trained[kind]
+    return FeatureHeadDrafter(module, lm) if kind == "head" else KangarooDrafter(module, lm, eta=eta)
+
+
+def sd(target, drafter, k=4, sampling=GREEDY):
+    return SpeculativeDecoder(
+        NativeCachedModel(target.model), drafter, make_verifier(None, sampling), lambda: make_draft_policy(DraftConfig(k))
+    )
+
+
+def test_one_batch_overfit_learns(trained):
+    for kind, (_, first, last, _) in trained.items():
+        assert last["ce"] < first["ce"] - 0.3 and last["agree"] > 0.8, (kind, first, last)
+
+
+@pytest.mark.parametrize("kind", ["head", "kangaroo"])
+def test_greedy_equals_plain_decoding_and_drafts_are_accepted(target, trained, kind):
+    res = run(sd(target, make_drafter(kind, trained)))
+    assert res.token_ids == plain(target)
+    assert res.stats.num_accepted_draft_tokens > 0.5 * res.stats.num_draft_tokens > 0  # speculation happened
+
+
+def test_kangaroo_shallow_extend_equals_a_full_extend(target):
+    full, split = NativeCachedModel(target.model), NativeCachedModel(target.model)
+    full.prefill(PROMPT)
+    split.prefill(PROMPT)
+    rows = [7, 8, 9]
+    states = torch.cat([split.extend_shallow([t], 2) for t in rows])
+    got = split.extend(rows, shallow=states, keep_hidden=(2,))
+    want = full.extend(rows, keep_hidden=(2,))
+    assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    assert torch.equal(split.hidden[2], states) and torch.allclose(full.hidden[2], states, atol=1e-10)
+    assert torch.allclose(split.cache.k[:, :, : split.length], full.cache.k[:, :, : full.length], atol=1e-10)
+    with pytest.raises(ValueError, match="not the ones"):
+        split.extend([1], shallow=states[:1])
+
+
+@pytest.mark.parametrize("kind", ["head", "kangaroo"])
+def test_cache_after_each_round_equals_a_recompute(target, trained, kind):
+    decoder = sd(target, make_drafter(kind, trained))
+    context = list(PROMPT)
+    partial = full = 0
+    for i, rnd in enumerate(decoder.rounds(PROMPT, GREEDY, 40, Generators.from_seed(0))):
+        context += rnd.tokens
+        if i == 0:
+            continue
+        partial += 0 < rnd.num_accepted < rnd.num_draft_tokens
+        full += rnd.num_accepted == rnd.num_draft_tokens > 0
+        fresh = NativeCachedModel(target.model)
+        fresh.extend(context[:-1])
+        owner = decoder.target
+        assert owner.tokens == context[:-1]
+        assert torch.allclose(owner.cache.k[:, :, : owner.length], fresh.cache.k[:, :, : fresh.length], atol=1e-10)
+        if len(context) > 60:
+            break
+    assert full > 0  # both the all-accepted and the partial cases were checked
+    assert partial + full > 1
+
+
+def test_kangaroo_eta_stops_drafting(target, trained):
+    res = run(sd(target, make_drafter("kangaroo", trained, eta=1.01), k=4))  # no draft is ever that sure
+    assert res.stats.num_draft_tokens == res.stats.num_drafts > 0  # one token per round
+    assert res.token_ids == plain(target)
+
+
+@pytest.mark.parametrize("kind", ["head", "kangaroo"])
+def test_in_a_fallback_chain(target, trained, kind):
+    chain = FallbackDrafter([ngram_drafter("3:2"), make_drafter(kind, trained)])
+    res = run(sd(target, chain), n=60)
+    assert res.token_ids == plain(target, 60)
+    assert chain.rounds_by_drafter[1] > 0
+
+
+def test_hf_runtime_is_refused(target, trained):
+    decoder_args = (CachedModel(target.model), make_drafter("head", trained), make_verifier(None, GREEDY))
+    with pytest.raises(QuickdraftError, match="native"):
+        SpeculativeDecoder(*decoder_args, lambda: make_draft_policy(DraftConfig(2)))
+
+
+def random_reusing(kind: str, target):
+    """A module started from the target's layer and then scrambled, so q is far from p (the
+    negative controls have power) yet overlaps it (both acceptance branches run)."""
+    cfg = TrainDraftConfig(kinds=(kind,), exit_layer=1)
+    torch.manual_seed(0)
+    module = new_module(kind, target.model, cfg).double().eval().requires_grad_(False)
+    for param in module.parameters():
+        param.add_(torch.randn_like(param) * 1.0)
+    embed, head = target.model.model.embed_tokens.weight.detach(), target.model.lm_head.weight.detach()
+    lm = HeadLM(embed, head, target.model.config.vocab_size, None)
+    return FeatureHeadDrafter(module, lm) if kind == "head" else KangarooDrafter(module, lm, eta=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["head", "kangaroo"])
+@pytest.mark.parametrize("broken", [None, "always_accept", "resample_from_target"])
+def test_sampling_has_the_target_law(kind, broken):
+    """Chi-square of whole 3-token generations at T=1 against the exact law (test_real_distribution);
+    the broken verifiers are the negative controls and must fail the same test."""
+    import oracles
+    from test_real_distribution import Named, law_models, pvalue
+
+    from quickdraft.verifiers.speculative import SpeculativeSampling
+
+    models = law_models()
+    target = models[0]
+    parts = (NativeCachedModel(target.model), random_reusing(kind, target))
+    if broken is None:
+        p, rejected = pvalue(SpeculativeSampling(), models, parts)
+        assert rejected > 0 and p > 1e-3
+    else:
+        assert pvalue(Named(getattr(oracles, broken)), models, parts)[0] < 1e-3
