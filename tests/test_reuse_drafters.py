@@ -10,7 +10,6 @@
 import pytest
 import torch
 
-from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
@@ -80,9 +79,8 @@ def make_drafter(kind, trained, eta=0.0):
 
 
 def sd(target, drafter, k=4, sampling=GREEDY):
-    return SpeculativeDecoder(
-        NativeCachedModel(target.model), drafter, make_verifier(None, sampling), lambda: make_draft_policy(DraftConfig(k))
-    )
+    verifier = make_verifier(None, sampling)
+    return SpeculativeDecoder(NativeCachedModel(target.model), drafter, verifier, lambda: make_draft_policy(DraftConfig(k)))
 
 
 def test_one_batch_overfit_learns(trained):
@@ -173,10 +171,11 @@ def random_reusing(kind: str, target):
 def test_sampling_has_the_target_law(kind, broken):
     """Chi-square of whole 3-token generations at T=1 against the exact law (test_real_distribution);
     the broken verifiers are the negative controls and must fail the same test."""
-    import oracles
     from test_real_distribution import Named, law_models, pvalue
 
     from quickdraft.verifiers.speculative import SpeculativeSampling
+
+    import oracles
 
     models = law_models()
     target = models[0]

@@ -7,10 +7,10 @@ Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (pro
 and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
 `truncated:N` (the target's first N layers), `distilled[:PATH]` (a DistillSpec delta; without PATH
 the one shipped for the default target), `head[:PATH]` (an EAGLE-style feature head on the target's
-last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter; both
-trained by `quickdraft train-draft`, shipped for the default target, native runtime only). Every surface (CLI, server, bench, export, Python API)
-parses through `parse_drafter_spec`, so a bad spec is refused with the same message before any
-model loads.
+last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter); the
+last two are trained by `quickdraft train-draft`, ship for the default target and need the native
+runtime. Every surface (CLI, server, bench, export, Python API) parses through
+`parse_drafter_spec`, so a bad spec is refused with the same message before any model loads.
 """
 
 from __future__ import annotations
