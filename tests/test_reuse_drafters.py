@@ -80,7 +80,8 @@ def make_drafter(kind, trained, eta=0.0):
 
 def sd(target, drafter, k=4, sampling=GREEDY):
     verifier = make_verifier(None, sampling)
-    return SpeculativeDecoder(NativeCachedModel(target.model), drafter, verifier, lambda: make_draft_policy(DraftConfig(k)))
+    policy = lambda: make_draft_policy(DraftConfig(k))  # noqa: E731
+    return SpeculativeDecoder(NativeCachedModel(target.model), drafter, verifier, policy)
 
 
 def test_one_batch_overfit_learns(trained):
