@@ -14,10 +14,12 @@ from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
+from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.distill.train_heads import Batch, TrainDraftConfig, new_module, train_loss
 from quickdraft.drafters import FallbackDrafter, ngram_drafter
 from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
 from quickdraft.drafters.kangaroo import KangarooDrafter
+from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.native_cache import NativeCachedModel
@@ -186,3 +188,39 @@ def test_sampling_has_the_target_law(kind, broken):
         assert rejected > 0 and p > 1e-3
     else:
         assert pvalue(Named(getattr(oracles, broken)), models, parts)[0] < 1e-3
+
+
+@pytest.mark.parametrize("shape", [TreeShape(8, 3), TreeShape(12, 4, (3, 2, 1))])
+def test_head_tree_greedy_equals_plain_decoding(target, trained, shape):
+    decoder = TreeDecoder(NativeCachedModel(target.model), make_drafter("head", trained), shape)
+    res = run(decoder)
+    assert res.token_ids == plain(target)
+    assert res.stats.num_accepted_draft_tokens > 0 and res.stats.extra["tree_nodes"] > 0
+
+
+def test_kangaroo_has_no_trees(target, trained):
+    with pytest.raises(QuickdraftError, match="cannot draft trees"):
+        TreeDecoder(NativeCachedModel(target.model), make_drafter("kangaroo", trained), TreeShape(4, 2))
+
+
+@pytest.mark.slow
+def test_head_tree_sampling_has_the_target_law():
+    """Whole 3-token generations drafted as head trees (q rows of the scrambled head) at T=1."""
+    from scipy.stats import chisquare
+    from test_real_distribution import LENGTH, N, SAMPLING, exact_law, law_models
+    from test_real_distribution import PROMPT as LAW_PROMPT
+
+    target = law_models()[0]
+    decoder = TreeDecoder(NativeCachedModel(target.model), random_reusing("head", target), TreeShape(4, 2))
+    counts: dict[tuple[int, ...], int] = {}
+    rejected = 0
+    for i in range(N):
+        res = collect(decoder.rounds(LAW_PROMPT, SAMPLING, LENGTH, Generators.from_seed(i)), StopConfig(LENGTH))
+        counts[tuple(res.token_ids)] = counts.get(tuple(res.token_ids), 0) + 1
+        rejected += res.stats.num_draft_tokens - res.stats.num_accepted_draft_tokens
+    law = exact_law(target.model)
+    big = [s for s in sorted(law, key=law.get, reverse=True) if law[s] * N >= 5]
+    observed = [counts.get(s, 0) for s in big] + [N - sum(counts.get(s, 0) for s in big)]
+    expected = [law[s] * N for s in big] + [N * (1 - sum(law[s] for s in big))]
+    assert rejected > 0 and len(big) >= 20
+    assert chisquare(observed, expected).pvalue > 1e-3

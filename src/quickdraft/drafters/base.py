@@ -74,13 +74,15 @@ def bind_target(drafter: Drafter | None, target) -> tuple[int, ...]:
     return tuple(layer for layer in drafter.target_layers if layer != FEATURES)
 
 
-def observe_target(drafter: Drafter | None, target, rows: int) -> None:
-    """Pass the first `rows` rows of the target's last forward to a target-reading drafter."""
+def observe_target(drafter: Drafter | None, target, rows: int | Sequence[int]) -> None:
+    """Pass rows of the target's last forward (the first `rows`, or those indices: a tree's root and
+    accepted path) to a target-reading drafter."""
     if not reads_target(drafter):
         return
-    states = {layer: target.hidden[layer][:rows] for layer in drafter.target_layers if layer != FEATURES}
+    pick = slice(0, rows) if isinstance(rows, int) else torch.tensor(list(rows), dtype=torch.long)
+    states = {layer: target.hidden[layer][pick] for layer in drafter.target_layers if layer != FEATURES}
     if FEATURES in drafter.target_layers:
-        states[FEATURES] = target.features[:rows]
+        states[FEATURES] = target.features[pick]
     drafter.observe(states)
 
 

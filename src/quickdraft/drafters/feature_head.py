@@ -83,11 +83,53 @@ class FeatureHeadDrafter:
         self.kv = kv
         return (time.perf_counter() - start) / 5
 
-    def _rows(self, feats: torch.Tensor, tokens: torch.Tensor, start: int | None = None) -> torch.Tensor:
-        """Feed rows (feats (m, H), next tokens (m,)) at the head cache's end -> (m, H) predictions."""
-        at = self.kv.length if start is None else start
-        positions = torch.arange(at, at + feats.shape[0], device=feats.device)
-        return self.head(feats[None], self.lm.embed[tokens.to(feats.device)][None], positions, self.kv)[0]
+    def _rows(self, feats: torch.Tensor, tokens: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
+        """Feed rows (feats (m, H), next tokens (m,)) at the head cache's end -> (m, H) predictions
+        (default: consecutive positions, causal)."""
+        at = self.kv.length
+        if positions is None:
+            positions = torch.arange(at, at + feats.shape[0], device=feats.device)
+        embeds = self.lm.embed[tokens.to(feats.device)][None]
+        return self.head(feats[None], embeds, positions, self.kv, mask)[0]
+
+    def _catch_up(self, context: Sequence[int]) -> torch.Tensor:
+        """Feed the committed rows the head has not read; returns (1, H), the predicted feature of
+        the last committed position (its LM-head row is the distribution of the next token)."""
+        committed = len(context) - 1
+        if len(self.feats) != committed:
+            raise RuntimeError(
+                f"{self.name} drafter: {len(self.feats)} target features for {committed} cached tokens "
+                "(a decoder must pass every target forward's rows to observe)"
+            )
+        fed = self.kv.length  # head rows built on true features
+        pending = torch.stack(self.feats[fed:committed])  # (m, H), m >= 1
+        nxt = torch.tensor(list(context[fed + 1 : committed + 1]), dtype=torch.long)
+        return self._rows(pending, nxt)[-1:]
+
+    @torch.inference_mode()
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
+        """A token tree (drafters/tree.py, EAGLE-2's dynamic expansion by default): each level is one
+        head forward over its new nodes, each reading its parent's predicted feature."""
+        from quickdraft.drafters.tree import grow_tree
+
+        committed = len(context) - 1
+        root = self._catch_up(context)  # (1, H)
+        outputs: list[torch.Tensor] = []  # predicted feature per fed node (in node order)
+
+        def expand(tree, new: list[int]) -> torch.Tensor:
+            parents = [tree.parents[i] for i in new]
+            feats = torch.cat([root if p < 0 else outputs[p] for p in parents])
+            full = tree.mask()[1:, 1:]
+            seen = full[torch.tensor(new)][:, : len(outputs) + len(new)]
+            mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool), seen], dim=1)
+            positions = torch.tensor([committed - 1 + tree.depths[i] for i in new])
+            out = self._rows(feats, torch.tensor([tree.tokens[i] for i in new]), positions, mask)
+            outputs.extend(out.split(1))
+            return self.lm.logits(out)
+
+        tree = grow_tree(self.lm.logits(root)[0], expand, shape, sampling, generator)
+        self.kv.length = committed
+        return tree
 
     @torch.inference_mode()
     def propose(
@@ -98,18 +140,10 @@ class FeatureHeadDrafter:
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
     ) -> Proposal:
-        committed = len(context) - 1
-        if len(self.feats) != committed:
-            raise RuntimeError(
-                f"{self.name} drafter: {len(self.feats)} target features for {committed} cached tokens "
-                "(a decoder must pass every target forward's rows to observe)"
-            )
         if num_draft_tokens < 1:
             return empty_proposal()
-        fed = self.kv.length  # head rows built on true features
-        pending = torch.stack(self.feats[fed:committed])  # (m, H), m >= 1
-        nxt = torch.tensor(list(context[fed + 1 : committed + 1]), dtype=torch.long)
-        pred = self._rows(pending, nxt)[-1:]  # (1, H): predicted f_{committed}
+        committed = len(context) - 1
+        pred = self._catch_up(context)  # (1, H): predicted f_{committed}
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         while True:

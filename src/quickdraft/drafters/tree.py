@@ -77,7 +77,25 @@ def model_tree(model, context: Sequence[int], shape: TreeShape, sampling: Sampli
     if not hasattr(model, "compact"):
         raise QuickdraftError("tree drafting needs the native runtime for the draft model (--runtime auto|native)")
     base = len(context)
-    root_logits = model.sync(context)[-1]
+
+    def expand(tree: TokenTree, new: list[int]) -> torch.Tensor:
+        full = tree.mask()[1:, 1:]  # (n, n) among nodes
+        mask = torch.cat([torch.ones(len(new), base, dtype=torch.bool), full[torch.tensor(new)]], dim=1)
+        positions = [base - 1 + tree.depths[i] for i in new]
+        return model.extend([tree.tokens[i] for i in new], positions=positions, tree_mask=mask)  # (m, V)
+
+    tree = grow_tree(model.sync(context)[-1], expand, shape, sampling, generator)
+    model.rollback(base)  # drop the tree rows: the next round syncs to what was accepted
+    return tree
+
+
+def grow_tree(root_logits: torch.Tensor, expand, shape: TreeShape, sampling: SamplingConfig, generator) -> TokenTree:
+    """Grow a tree level by level from the root's (V,) draft logits.
+
+    Args:
+        expand: (tree, new node ids) -> (m, V) draft logits of each new node's children, one
+            draft forward over the level (the caller's model and its masks).
+    """
     tree = TokenTree()
     cum: list[float] = []
     frontier: list[tuple[int, torch.Tensor]] = [(-1, root_logits)]
@@ -95,16 +113,10 @@ def model_tree(model, context: Sequence[int], shape: TreeShape, sampling: Sampli
             new = _add_sampled_children(tree, cum, frontier, k, limit, sampling, generator)
         if not new or len(tree) >= shape.budget:
             break
-        depths = tree.depths
-        full = tree.mask()[1:, 1:]  # (n, n) among nodes
-        rows = torch.tensor(new)
-        mask = torch.cat([torch.ones(len(new), base, dtype=torch.bool), full[rows]], dim=1)  # (m, base + n)
-        positions = [base - 1 + depths[i] for i in new]
-        logits = model.extend([tree.tokens[i] for i in new], positions=positions, tree_mask=mask)  # (m, V)
+        logits = expand(tree, new)
         order = sorted(range(len(new)), key=lambda j: -cum[new[j]])
         keep = order if shape.widths is not None else order[: shape.width]
         frontier = [(new[j], logits[j]) for j in sorted(keep)]
-    model.rollback(base)  # drop the tree rows: the next round syncs to what was accepted
     return tree
 
 

@@ -124,9 +124,12 @@ class DraftBlock(nn.Module):
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x: (B, T, H) rows at `positions` (T,), causal among themselves; with `kv` (B = 1) they
-        follow kv.length cached rows, are written there, and kv.length advances. Returns (B, T, H)."""
+        follow kv.length cached rows, are written there, and kv.length advances; `mask` (T, length
+        + T) bool then replaces the causal rule (token trees). Returns (B, T, H)."""
         b, t, _ = x.shape
         cfg = self.cfg
         h = self.attn_norm(x)
@@ -142,8 +145,7 @@ class DraftBlock(nn.Module):
             kv.ensure(at + t)
             kv.k[:, at : at + t], kv.v[:, at : at + t] = k[0].to(kv.k.dtype), v[0].to(kv.v.dtype)
             kv.length = at + t
-            mask = None
-            if t > 1:
+            if mask is None and t > 1:
                 mask = torch.ones(t, at + t, dtype=torch.bool, device=x.device).tril(diagonal=at)
             keys, values = kv.k[None, :, : at + t].to(q.dtype), kv.v[None, :, : at + t].to(q.dtype)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
@@ -177,9 +179,14 @@ class FeatureHead(nn.Module):
         self.block = DraftBlock(cfg)
 
     def forward(
-        self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None
+        self,
+        features: torch.Tensor,
+        next_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        kv: BlockKV | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv)
+        return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv, mask)
 
 
 MODULES = {"kangaroo": KangarooAdapter, "head": FeatureHead}
