@@ -10,6 +10,7 @@ point is the embedded default model run on it (skipped when it cannot be prepare
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -77,6 +78,9 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --runtime hf", SMALL),
         Step("quickdraft generate ... --drafter distilled --draft-tree 16", SMALL),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
+        Step("quickdraft generate ... --drafter head --draft-length 4", SMALL),
+        Step("quickdraft generate ... --drafter head --draft-tree 16", SMALL),
+        Step("quickdraft generate ... --drafter kangaroo --draft-length 6", SMALL),
         Step("quickdraft generate ... --draft-schedule confidence --confidence-threshold 0.4", SMALL),
         Step(
             "quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --gamma 3 --no-post-verify",
@@ -129,6 +133,15 @@ GROUPS: dict[str, list[Step]] = {
             "quickdraft bench doc out/ --intro docs/benchmarks_intro.md --output docs/benchmarks.md",
             subs=(("docs/benchmarks_intro.md", str(ROOT / "docs" / "benchmarks_intro.md")),),
         ),
+    ],
+    "train-draft": [
+        _tiny(
+            "quickdraft train-draft --kind head,kangaroo --data ../shared/data/seqkd --output runs/heads --steps 1800",
+            "--steps 3 --batch-size 2 --eval-rows 2 --head-vocab 16 --max-len 32 --no-progress",
+            **{"../shared/data/seqkd": "SEQKD"},
+        ),
+        _tiny("quickdraft generate Hello --drafter head:runs/heads/head", SMALL),
+        _tiny("quickdraft generate Hello --drafter kangaroo:runs/heads/kangaroo", SMALL),
     ],
     "distill": [
         _tiny(
@@ -205,7 +218,20 @@ def files(tmp_path_factory):
     ]
     (root / "sharegpt.json").write_text(json.dumps(recs))
     (root / "prompts.jsonl").write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Say hi."]}) + "\n")
-    return {TINY: str(root / "tiny"), "DATA": str(root / "sharegpt.json"), "PROMPTS": str(root / "prompts.jsonl")}
+    seqkd = root / "seqkd"
+    seqkd.mkdir()
+    ids = model.tokenizer
+    with gzip.open(seqkd / "seqkd-greedy-00.jsonl.gz", "wt") as f:
+        for i, (user, reply) in enumerate([("say abc", "abc abc abc"), ("say hi", "hi hi hi hi")] * 4):
+            row = {"id": f"s{i}", "split": "heldout" if i % 4 == 3 else "train", "mode": "greedy", "finish": "eos"}
+            row.update(prompt_ids=ids.encode(user + "."), response_ids=ids.encode(reply) + [ids.eos_token_id])
+            f.write(json.dumps(row) + "\n")
+    return {
+        TINY: str(root / "tiny"),
+        "DATA": str(root / "sharegpt.json"),
+        "PROMPTS": str(root / "prompts.jsonl"),
+        "SEQKD": str(seqkd),
+    }
 
 
 def _argv(step: Step, files: dict[str, str]) -> list[str]:
@@ -253,6 +279,9 @@ def test_readme_commands_run(group, files, tmp_path):
         summary = json.loads((tmp_path / "out" / "results.json").read_text())
         assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])
         assert (tmp_path / "docs" / "benchmarks.md").is_file()
+    if group == "train-draft":
+        meta = json.loads((tmp_path / "runs" / "heads" / "head" / "draft_head.json").read_text())
+        assert meta["steps"] == 3 and "heldout_after" in meta
     if group == "distill":
         assert (tmp_path / "runs" / "c4-fkl-target" / "delta" / "distilled.json").is_file()
 
