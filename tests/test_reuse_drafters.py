@@ -207,7 +207,7 @@ def test_kangaroo_has_no_trees(target, trained):
 def test_head_tree_sampling_has_the_target_law():
     """Whole 3-token generations drafted as head trees (q rows of the scrambled head) at T=1."""
     from scipy.stats import chisquare
-    from test_real_distribution import LENGTH, N, SAMPLING, exact_law, law_models
+    from test_real_distribution import LENGTH, SAMPLING, N, exact_law, law_models
     from test_real_distribution import PROMPT as LAW_PROMPT
 
     target = law_models()[0]
