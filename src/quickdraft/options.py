@@ -102,7 +102,12 @@ OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
         Option("method", ("method",), str, "ar = plain, sd = speculative, pearl = PEARL", tuple(METHODS)),
-        Option("drafter", ("drafter",), str, "ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | A+B"),
+        Option(
+            "drafter",
+            ("drafter",),
+            str,
+            "ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | head[:PATH] | kangaroo[:PATH] | A+B",
+        ),
         Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
         Option(
             "draft_schedule",

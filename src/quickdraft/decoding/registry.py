@@ -73,7 +73,17 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
     return SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft))
 
 
+READS_TARGET = ("head", "kangaroo")  # drafter kinds that read the target's states (drafters/reuse.py)
+
+
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):
+    from quickdraft.drafters.spec import parse_drafter_spec
+
+    if any(stage.kind in READS_TARGET for stage in parse_drafter_spec(parts.config.drafter)):
+        raise QuickdraftError(
+            "PEARL drafts while the target runs, so a drafter that reads the target's states "
+            f"({', '.join(READS_TARGET)}) cannot run under it; use --method sd"
+        )
     verifier = make_verifier(parts.config.verifier, sampling)  # refuses bad combinations here, not in a worker
     if not parts.config.pearl.parallel:
         return PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
