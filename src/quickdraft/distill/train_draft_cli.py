@@ -61,6 +61,31 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train_draft)
 
+    b = sub.add_parser("build-bigram", help="CS Drafting's MaG bigram table from a SeqKD corpus (train rows)")
+    b.add_argument("--data", required=True, help="SeqKD corpus folder (seqkd-*.jsonl.gz)")
+    b.add_argument("--output", required=True, help="folder for bigram.safetensors (use with --drafter mag:FOLDER)")
+    b.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    b.set_defaults(func=cmd_build_bigram)
+
+
+def cmd_build_bigram(args: argparse.Namespace) -> int:
+    """Most frequent successor of every token over the corpus's prompts and responses (train split)."""
+    from quickdraft.drafters.mag import build_bigram, save_bigram
+    from quickdraft.models.loading import load_model
+
+    target = load_model(args.target, "bfloat16")
+    rows = read_seqkd(Path(args.data), "train")
+    table = build_bigram((list(r.prompt) + list(r.response) for r in rows), target.vocab_size)
+    meta = {
+        "target": target.name,
+        "data": str(args.data),
+        "train_rows": str(len(rows)),
+        "command": shlex.join(sys.argv),
+    }
+    path = save_bigram(table, Path(args.output), meta)
+    print(f"bigram table: {int((table >= 0).sum())} of {table.numel()} tokens have a successor; saved {path}")
+    return 0
+
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())

@@ -1,12 +1,14 @@
 """Drafters and the kind -> builder registry used by every surface (CLI, server, bench, API).
 
 A drafter is named by a spec string (grammar and parser in `drafters/spec.py`): "ngram[:N[:M]]"
-(prompt lookup), "model:PATH" (an independent draft model folder), "truncated:N" (the target's
-first N layers + norm + head), "distilled[:PATH]" (a DistillSpec delta; without PATH the one
-shipped for the embedded default target), "head[:PATH]" and "kangaroo[:PATH]" (drafters that reuse
-the target: drafters/reuse.py); "A+B" is a fallback chain tried in order each round; a
-model stage may end with "@DTYPE" to run in its own dtype (e.g. "distilled@bfloat16" under a float32
-target: the draft's precision never affects losslessness).
+(prompt lookup), "model:PATH" (an independent draft model folder), "truncated:N" (the target's first
+N layers + norm + head), "distilled[:PATH]" (a DistillSpec delta; without PATH the one shipped for
+the embedded default target), "head[:PATH]" and "kangaroo[:PATH]" (drafters that reuse the target:
+drafters/reuse.py), "mag[:PATH]" (CS Drafting's statistical drafter) and
+"csd[:LEVELS[;k=ROWS][;l=L]]" (a CS Drafting cascade over any of these: drafters/cascade.py); "A+B"
+is a fallback chain tried in order each round; a model stage may end with "@DTYPE" to run in its own
+dtype (e.g. "distilled@bfloat16" under a float32 target: the draft's precision never affects
+losslessness).
 
 Adding a drafter kind: its syntax in `spec.SYNTAX`, its builder in `BUILDERS`. Nothing else changes.
 """
@@ -17,11 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.cascade import CascadeDrafter
 from quickdraft.drafters.fallback import FallbackDrafter
+from quickdraft.drafters.mag import MaGDrafter, load_bigram, shipped_bigram
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.drafters.reuse import REUSING_BUILDERS
-from quickdraft.drafters.spec import SYNTAX, DrafterSpec, int_arg, ngram_sizes, parse_drafter_spec
+from quickdraft.drafters.spec import SYNTAX, DrafterSpec, int_arg, ngram_sizes, parse_cascade, parse_drafter_spec
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 from quickdraft.models.runtime import cached_model
@@ -65,12 +69,30 @@ def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str)
     return _model_drafter(draft, target, str(spec), runtime)
 
 
+def _mag(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    """MaG with the bigram table at PATH, else the one shipped for the target (none: lookup only)."""
+    if spec.arg is not None:
+        return MaGDrafter(load_bigram(Path(spec.arg).expanduser(), target.vocab_size), name=str(spec))
+    shipped = shipped_bigram(target)
+    return MaGDrafter(None if shipped is None else load_bigram(shipped, target.vocab_size), name=str(spec))
+
+
+def _csd(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    cascade = parse_cascade(spec.arg)
+    levels = [
+        BUILDERS[level.kind](level, target, dtype if level.kind == "model" else "", runtime) for level in cascade.levels
+    ]
+    return CascadeDrafter(levels, cascade.k, cascade.lenience, name=str(spec))
+
+
 BUILDERS: dict[str, Builder] = {
     "ngram": _ngram,
     "model": _model,
     "truncated": _truncated,
     "distilled": _distilled,
     **REUSING_BUILDERS,
+    "mag": _mag,
+    "csd": _csd,
 }
 DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"

@@ -71,6 +71,13 @@ class ModelDrafter:
             q_probs=torch.stack(q_rows) if q_rows else None,
         )
 
+    @torch.inference_mode()
+    def review(self, context: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """One forward over proposed `tokens` after `context` (CS Drafting's review): (m+1, V) logits
+        of this model at the positions predicting tokens[0..m-1] and the one after them."""
+        self.model.rollback(min(self.model.length, len(context) - 1))  # so the rows below are all fed
+        return self.model.sync(list(context) + list(tokens), last_only=False)[-(len(tokens) + 1) :]
+
     def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
         """A token tree of at most `shape.budget` nodes (drafters/tree.py); the cache ends at `context`."""
         from quickdraft.drafters.tree import TreeShape, model_tree

@@ -3,14 +3,16 @@
     chain   := stage ("+" stage)*            a fallback chain, tried in order each round
     stage   := kind [":" arg] ["@" DTYPE]     DTYPE: bfloat16 | float32 | float64 (model drafters only)
 
-Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (prompt lookup, longest N
-and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
+Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (prompt lookup, longest
+N and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
 `truncated:N` (the target's first N layers), `distilled[:PATH]` (a DistillSpec delta; without PATH
 the one shipped for the default target), `head[:PATH]` (an EAGLE-style feature head on the target's
 last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter); the
 last two are trained by `quickdraft train-draft`, ship for the default target and need the native
-runtime. Every surface (CLI, server, bench, export, Python API) parses through
-`parse_drafter_spec`, so a bad spec is refused with the same message before any model loads.
+runtime; `mag[:PATH]` (CS Drafting's MaG: prompt lookup, then a bigram table of the target's text)
+and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`). Every surface (CLI,
+server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
+with the same message before any model loads.
 """
 
 from __future__ import annotations
@@ -68,7 +70,58 @@ SYNTAX: dict[str, KindSyntax] = {
     "distilled": KindSyntax("distilled[:PATH]", lambda arg: None),
     "head": KindSyntax("head[:PATH]", lambda arg: None),
     "kangaroo": KindSyntax("kangaroo[:PATH]", lambda arg: None),
+    "mag": KindSyntax("mag[:PATH]", lambda arg: None, has_model=False),
+    "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
 }
+
+DEFAULT_CASCADE = "distilled>mag"
+
+
+def default_k(levels: int) -> list[list[int]]:
+    """Quotas when none are given: 2 tokens per model level, 4 for the last (model-free) level."""
+    return [[2] * (levels - 1 - i) + [4] for i in range(levels)]
+
+
+@dataclass(frozen=True)
+class CascadeSpec:
+    """A parsed `csd:` argument: levels (big -> small), k-matrix rows (from the diagonal), lenience."""
+
+    levels: tuple[DrafterSpec, ...]
+    k: tuple[tuple[int, ...], ...]
+    lenience: float
+
+
+def parse_cascade(arg: str | None) -> CascadeSpec:
+    """`LEVELS[;k=ROWS][;l=L]`: LEVELS are drafter stages joined by '>' (big -> small, no '@DTYPE'),
+    ROWS the k-matrix rows from the diagonal joined by '/', entries by ',' (e.g. k=2,4/4), L the
+    lenience of inner reviews (default 1). Without an argument: DEFAULT_CASCADE."""
+    text = arg or DEFAULT_CASCADE
+    parts = text.split(";")
+    levels = tuple(_parse_stage(stage, f"csd:{text}") for stage in parts[0].split(">") if stage)
+    if len(levels) < 2 or any(level.kind == "csd" for level in levels):
+        raise QuickdraftError(
+            f"drafter 'csd:{text}': a cascade needs at least two levels (no nested csd), e.g. csd:distilled>mag"
+        )
+    k, lenience = default_k(len(levels)), 1.0
+    for option in parts[1:]:
+        key, _, value = option.partition("=")
+        try:
+            if key == "k":
+                k = [[int(x) for x in row.split(",")] for row in value.split("/")]
+            elif key == "l":
+                lenience = float(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise QuickdraftError(f"drafter 'csd:{text}': bad option {option!r} (k=2,4/4 or l=2)") from None
+    if lenience < 1:
+        raise QuickdraftError(f"drafter 'csd:{text}': lenience must be >= 1")
+    for i, row in enumerate(k):
+        if len(row) != len(levels) - i or min(row) < 0 or sum(row) < 1:
+            raise QuickdraftError(f"drafter 'csd:{text}': k-matrix row {i} needs {len(levels) - i} quotas >= 0")
+    if len(k) not in (len(levels) - 1, len(levels)):
+        raise QuickdraftError(f"drafter 'csd:{text}': the k-matrix needs {len(levels) - 1} or {len(levels)} rows")
+    return CascadeSpec(levels, tuple(tuple(r) for r in k), lenience)
 
 
 @dataclass(frozen=True)
