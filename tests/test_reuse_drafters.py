@@ -15,7 +15,7 @@ from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.tree import TreeDecoder
-from quickdraft.distill.train_heads import Batch, TrainDraftConfig, new_module, train_loss
+from quickdraft.distill.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 from quickdraft.drafters import FallbackDrafter, ngram_drafter
 from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
 from quickdraft.drafters.kangaroo import KangarooDrafter
@@ -56,7 +56,7 @@ def overfit(kind: str, target, steps: int = 150):
         feats=owner.features[None].clone(),
         shallow=owner.hidden[1][None].clone(),
     )
-    cfg = TrainDraftConfig(kinds=(kind,), exit_layer=1)
+    cfg = HeadTrainingConfig(kinds=(kind,), exit_layer=1)
     module = new_module(kind, target.model, cfg).double()
     embed, head = target.model.model.embed_tokens.weight.detach(), target.model.lm_head.weight.detach()
     opt = torch.optim.Adam(module.parameters(), lr=3e-3)
@@ -158,7 +158,7 @@ def test_hf_runtime_is_refused(target, trained):
 def random_reusing(kind: str, target):
     """A module started from the target's layer and then scrambled, so q is far from p (the
     negative controls have power) yet overlaps it (both acceptance branches run)."""
-    cfg = TrainDraftConfig(kinds=(kind,), exit_layer=1)
+    cfg = HeadTrainingConfig(kinds=(kind,), exit_layer=1)
     torch.manual_seed(0)
     module = new_module(kind, target.model, cfg).double().eval().requires_grad_(False)
     for param in module.parameters():

@@ -92,6 +92,7 @@ class RunOutput:
     accepted_per_position: list[int] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
     extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
+    draft_cost_units: float | None = None  # drafting in target forwards (bench/cost.py); None: not counted
 
 
 def _int(spec: MethodSpec, key: str, default: int) -> int:
@@ -110,15 +111,23 @@ class QuickdraftMethod:
         allowed = ("method", "dtype", "runtime", *METHODS[spec.name].options)
         config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
         self.engine = Engine(target, config)
+        self.costs: list[float] | None = None  # relative step costs of the draft components (bench/cost.py)
 
     @property
     def speculative(self) -> bool:
         return METHODS[self.spec.name].uses_drafter
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        from quickdraft.bench.cost import draft_cost_units, relative_costs
+
+        if self.costs is None and self.spec.name == "sd":  # measured once, after the warm-up bound the drafter
+            self.costs = relative_costs(self.engine)
         stop = StopConfig(max_new_tokens, self.engine.target_info.eos_token_ids)
         res = self.engine.generate_ids(prompt_ids, SamplingConfig(temperature=0.0), stop)
         s = res.stats
+        units = 0.0 if self.spec.name == "ar" else None
+        if self.costs is not None:
+            units = draft_cost_units(self.engine, self.costs)
         return RunOutput(
             res.token_ids,
             s.wall_s,
@@ -130,6 +139,7 @@ class QuickdraftMethod:
             s.accepted_per_position,
             s.accepted_lengths,
             dict(s.extra),
+            units,
         )
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
         "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos, strict=True)],
+        "swi": _swi(rows),
         "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
         # PEARL's own "mean accepted tokens": tokens per run of accepts ending at a rejection
         # (correction included). Not comparable with mean_accepted_tokens (per target forward).
@@ -64,6 +65,14 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "tree_mean_nodes": _extra_ratio(rows, "tree_nodes", "tree_rounds"),
         "tree_accepted_depth_histogram": _depth_histogram(rows),
     }
+
+
+def _swi(rows: list[dict]) -> float | None:
+    """CS Drafting's standardized walltime improvement (bench/cost.py); None when not counted."""
+    if not rows or any(r.get("draft_cost_units") is None for r in rows):
+        return None
+    cost = sum(r["target_forwards"] + r["draft_cost_units"] for r in rows)
+    return _sum(rows, "new_tokens") / cost if cost else None
 
 
 def _depth_histogram(rows: list[dict]) -> list[int] | None:

@@ -15,17 +15,18 @@ def _acceptance(method: str, s: dict) -> str:
 
 def _table(summary: dict) -> list[str]:
     lines = [
-        "| method | tokens/s (± run std) | speedup vs ar (± std) | mean accepted tokens | draft acceptance "
-        "| matches ar | PEARL MAT | tree nodes / accepted depth 0,1,2,... |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | tokens/s (± run std) | speedup vs ar (± std) | SWI (cost model) | mean accepted tokens "
+        "| draft acceptance | matches ar | PEARL MAT | tree nodes / accepted depth 0,1,2,... |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, s in summary["methods"].items():
         mat = s.get("pearl_mean_accepted_tokens")
         nodes, hist = s.get("tree_mean_nodes"), s.get("tree_accepted_depth_histogram")
         tree = "-" if nodes is None else f"{nodes:.1f} / {', '.join(map(str, hist or []))}"
+        swi = "-" if s.get("swi") is None else f"{s['swi']:.2f}x"
         lines.append(
             f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
-            f"{s['speedup_vs_ar_std']:.2f} | {s['mean_accepted_tokens']:.2f} | "
+            f"{s['speedup_vs_ar_std']:.2f} | {swi} | {s['mean_accepted_tokens']:.2f} | "
             f"{_acceptance(m, s)} | {s['lossless_match_rate']:.0%} | {'-' if mat is None else f'{mat:.2f}'} | {tree} |"
         )
     return lines
@@ -58,7 +59,9 @@ def render_report(summary: dict, plots: list[str]) -> str:
         f", runtime {cfg.get('runtime', 'hf')} (peers hf-*: transformers' own generate()).",
         "",
         "tokens/s = Σ new tokens / Σ wall seconds; speedup = the method's tokens/s over plain decoding's on "
-        "the same prompts in the same run (mean over runs); mean accepted tokens = new tokens per target "
+        "the same prompts in the same run (mean over runs); SWI = CS Drafting's standardized walltime "
+        "improvement, a cost model: new tokens / (target forwards + draft forwards x their measured step cost "
+        "relative to the target's), model-free drafters cost 0; mean accepted tokens = new tokens per target "
         "forward, bonus included (1.00 for plain decoding); PEARL MAT = PEARL's own metric, tokens per run "
         "of accepted drafts up to a rejection (correction included), not comparable with the former; "
         "matches ar = share of outputs token-identical to plain decoding.",

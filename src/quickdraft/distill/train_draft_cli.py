@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from quickdraft.distill.seqkd import read_seqkd, shuffled
 from quickdraft.distill.student import rank_tokens
 from quickdraft.distill.train_heads import (
-    TrainDraftConfig,
+    HeadTrainingConfig,
     batch_rows,
     evaluate,
     lr_at,
@@ -126,7 +126,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise QuickdraftError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
-    cfg = TrainDraftConfig(
+    cfg = HeadTrainingConfig(
         kinds=kinds, steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
         warmup=args.warmup, exit_layer=args.exit_layer, head_vocab=args.head_vocab,
         feature_weight=args.feature_weight, checkpoint_every=args.checkpoint_every, seed=args.seed,

@@ -29,7 +29,7 @@ from quickdraft.models.native import NativeLlama
 
 
 @dataclass
-class TrainDraftConfig:
+class HeadTrainingConfig:
     """What `train-draft` trains and how (defaults: the shipped modules' recipe)."""
 
     kinds: tuple[str, ...] = ("head",)
@@ -130,7 +130,7 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     return {"greedy_agreement": agree / count, "expected_acceptance_t1": accept / count, "positions": int(count)}
 
 
-def new_module(kind: str, target_model, cfg: TrainDraftConfig) -> torch.nn.Module:
+def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Module:
     head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer)
     module = MODULES[kind](head_cfg)
     layers = int(target_model.config.num_hidden_layers)
@@ -138,7 +138,7 @@ def new_module(kind: str, target_model, cfg: TrainDraftConfig) -> torch.nn.Modul
     return module.float()
 
 
-def lr_at(step: int, cfg: TrainDraftConfig) -> float:
+def lr_at(step: int, cfg: HeadTrainingConfig) -> float:
     """Linear warm-up, then cosine decay to a tenth."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup

@@ -58,13 +58,14 @@ class FeatureHeadDrafter:
     def __init__(self, head: FeatureHead, lm: HeadLM, name: str = "head") -> None:
         self.head, self.lm, self.name = head, lm, name
         self.feats: list[torch.Tensor] = []
+        self.draft_steps = 0  # head forwards since `begin` (the bench's cost model)
         self.kv = BlockKV(head.cfg, lm.embed.dtype, lm.embed.device)
 
     def bind(self, target) -> None:
         """Nothing to hold: features arrive through `observe`."""
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.feats, self.kv.length = [], 0
+        self.feats, self.kv.length, self.draft_steps = [], 0, 0
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.feats.extend(states[FEATURES])
@@ -90,6 +91,7 @@ class FeatureHeadDrafter:
         if positions is None:
             positions = torch.arange(at, at + feats.shape[0], device=feats.device)
         embeds = self.lm.embed[tokens.to(feats.device)][None]
+        self.draft_steps += 1
         return self.head(feats[None], embeds, positions, self.kv, mask)[0]
 
     def _catch_up(self, context: Sequence[int]) -> torch.Tensor:

@@ -40,6 +40,7 @@ class KangarooDrafter:
         self.target_layers = (self.exit_layer,)
         self.target = None
         self.states: list[torch.Tensor] = []
+        self.draft_steps = 0  # shallow passes + adapter steps since `begin` (the bench's cost model)
         self.kv = BlockKV(adapter.cfg, lm.embed.dtype, lm.embed.device)
 
     def bind(self, target) -> None:
@@ -47,10 +48,16 @@ class KangarooDrafter:
         self.target = target
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.states, self.kv.length = [], 0
+        self.states, self.kv.length, self.draft_steps = [], 0, 0
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.states.extend(states[self.exit_layer])
+
+    @property
+    def relative_cost(self) -> float | None:
+        """A draft step's cost relative to a target step: l of the target's L layers (the adapter
+        and head are small beside them); None before `bind`."""
+        return None if self.target is None else self.exit_layer / self.target.net.num_layers
 
     def step_seconds(self) -> float | None:
         """One draft step costs l of the target's L layers plus the adapter: measured by the
@@ -94,6 +101,7 @@ class KangarooDrafter:
             logits = self._adapt(shallow[-1])[0]  # (V,)
             tokens.append(pick(logits, sampling, generator, q_rows))
             shallow.append(self.target.extend_shallow(tokens[-1:], self.exit_layer))  # verification reuses it
+            self.draft_steps += 1
             confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit
             if len(tokens) == num_draft_tokens or not confident:
                 break

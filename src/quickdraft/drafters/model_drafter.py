@@ -33,6 +33,12 @@ class ModelDrafter:
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.model.reset()
+        self._forwards_at_begin = self.model.num_forwards
+
+    @property
+    def draft_steps(self) -> int:
+        """Draft-model forwards since `begin` (the bench's cost model)."""
+        return self.model.num_forwards - getattr(self, "_forwards_at_begin", 0)
 
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""

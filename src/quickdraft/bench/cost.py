@@ -1,0 +1,46 @@
+"""CS Drafting's cost model: standardized walltime improvement (SWI), beside measured wall time.
+
+Each model's forward costs its measured step time relative to the target's (the target 1, a
+model-free drafter 0), counted per call: SWI = new tokens / (target forwards + sum over draft
+components of forwards x relative cost). Plain decoding has SWI 1. Unlike wall time it ignores
+Python overhead, sampling and verification arithmetic, so the gap between the two shows how much a
+method loses outside the forwards.
+"""
+
+from __future__ import annotations
+
+from quickdraft.models.timing import step_seconds
+
+
+def components(drafter) -> list:
+    """The drafters whose forwards are counted: a cascade's levels, a chain's stages, else itself."""
+    if drafter is None:
+        return []
+    for attr in ("levels", "drafters"):
+        if hasattr(drafter, attr):
+            return [c for d in getattr(drafter, attr) for c in components(d)]
+    return [drafter]
+
+
+def relative_costs(engine) -> list[float]:
+    """Step cost of each component relative to the target's step, measured once (between runs)."""
+    parts = components(engine.drafter)
+    if not parts:
+        return []
+    target = step_seconds(engine.target)
+    costs = []
+    for d in parts:
+        known = getattr(d, "relative_cost", None)  # Kangaroo: l / L of the target's layers
+        costs.append(known if known is not None else (d.step_seconds() or 0.0) / target if target > 0 else 0.0)
+    return costs
+
+
+def draft_cost_units(engine, costs: list[float]) -> float:
+    """The drafting of the last generation, in target forwards."""
+    drafter = engine.drafter
+    if drafter is None:
+        return 0.0
+    if hasattr(drafter, "levels") and hasattr(drafter, "calls"):  # a cascade counts calls per level
+        return sum(c * n for c, n in zip(costs, drafter.calls, strict=False))
+    steps = [getattr(d, "draft_steps", 0) for d in components(drafter)]
+    return sum(c * n for c, n in zip(costs, steps, strict=False))
