@@ -32,7 +32,8 @@ class EngineConfig:
         method: a name in `decoding.registry.METHODS` (ar, sd, pearl).
         drafter: a drafter spec (`drafters/spec.py`); unused by ar.
         draft: draft length and schedule.
-        verifier: greedy | speculative | lenient[:L]; None picks the lossless one for the temperature.
+        verifier: greedy | speculative | lenient[:L] | specdec[:beta=B,tau=T]; None picks the lossless
+            one for the temperature.
         pearl: PEARL's window and ablations (method pearl only).
         target: a local HF folder; None is the embedded default.
         dtype: the models' dtype.
@@ -130,7 +131,11 @@ OPTIONS: dict[str, Option] = {
             "tree_shape", ("draft", "tree_shape"), str, "dynamic (EAGLE-2) or static children per depth, e.g. 3,2,1"
         ),
         Option(
-            "verifier", ("verifier",), str, "greedy | speculative (lossless) | lenient[:L] (LOSSY, temperature > 0)"
+            "verifier",
+            ("verifier",),
+            str,
+            "greedy | speculative (lossless) | lenient[:L] (LOSSY, temperature > 0) | "
+            "specdec[:beta=B,tau=T] (LOSSY when B > 1, temperature 0)",
         ),
         Option("gamma", ("pearl", "gamma"), _int_or_auto, "PEARL window: an integer or auto (measured)"),
         Option(

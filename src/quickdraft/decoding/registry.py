@@ -85,6 +85,8 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
             f"({', '.join(READS_TARGET)}) cannot run under it; use --method sd"
         )
     verifier = make_verifier(parts.config.verifier, sampling)  # refuses bad combinations here, not in a worker
+    if getattr(verifier, "reads_logits", False):
+        raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
     if not parts.config.pearl.parallel:
         return PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
     if "pearl_parallel" not in parts.memo:

@@ -16,6 +16,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.types import Verdict
 from quickdraft.verifiers.greedy import GreedyMatch, greedy_verify
 from quickdraft.verifiers.lenient import LenientVerifier, lenient_verify
+from quickdraft.verifiers.specdec import SpecVerifier, parse_specdec, spec_verify
 from quickdraft.verifiers.speculative import SpeculativeSampling, speculative_verify
 
 
@@ -40,8 +41,15 @@ def make_verifier(name: str | None, sampling: SamplingConfig) -> Verifier:
     if name is None:
         name = "greedy" if sampling.greedy else "speculative"
     kind, _, arg = name.partition(":")
+    if kind == "specdec":
+        if not sampling.greedy:
+            raise QuickdraftError("Spec-Verification (specdec) is deterministic: it needs temperature 0")
+        return parse_specdec(arg)
     if kind not in VERIFIERS or (arg and kind != "lenient"):
-        raise QuickdraftError(f"unknown verifier {name!r}; choose one of greedy, speculative, lenient[:L] (lossy)")
+        raise QuickdraftError(
+            f"unknown verifier {name!r}; choose one of greedy, speculative, lenient[:L] (lossy), "
+            "specdec[:beta=B,tau=T] (lossy when beta > 1)"
+        )
     if kind == "greedy" and not sampling.greedy:
         raise QuickdraftError("the greedy verifier needs temperature 0")
     if kind == "lenient":
@@ -67,4 +75,6 @@ __all__ = [
     "LenientVerifier",
     "lenient_verify",
     "SpeculativeSampling",
+    "SpecVerifier",
+    "spec_verify",
 ]
