@@ -73,7 +73,7 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
     return SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft))
 
 
-READS_TARGET = ("head", "kangaroo")  # drafter kinds that read the target's states (drafters/reuse.py)
+READS_TARGET = ("head", "kangaroo", "specdec")  # drafter kinds that read the target's states (drafters/reuse.py)
 
 
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):

@@ -36,12 +36,18 @@ from quickdraft.distill.train_heads import (
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
 
-KINDS = ("kangaroo", "head")
+KINDS = ("kangaroo", "head", "specdec")
 
 
 def add_train_draft_parser(sub) -> None:
-    t = sub.add_parser("train-draft", help="train a Kangaroo adapter and/or a feature head on a SeqKD corpus")
-    t.add_argument("--kind", default="head", help="kangaroo | head | kangaroo,head (one target pass trains both)")
+    t = sub.add_parser(
+        "train-draft", help="train Kangaroo adapters, feature heads and SpecDec block drafters on a SeqKD corpus"
+    )
+    t.add_argument(
+        "--kind",
+        default="head",
+        help="kangaroo | head | specdec, or several joined by ',' (one target pass trains all)",
+    )
     t.add_argument("--data", required=True, help="SeqKD corpus folder (seqkd-*.jsonl.gz)")
     t.add_argument("--output", required=True, help="run folder; the same command again resumes")
     t.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
@@ -51,6 +57,7 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--warmup", type=int, default=40)
     t.add_argument("--exit-layer", type=int, default=2, help="Kangaroo's early-exit layer l")
+    t.add_argument("--block", type=int, default=4, help="SpecDec: tokens the block drafter drafts per forward")
     t.add_argument("--head-vocab", type=int, default=8192, help="restricted LM head: the K most frequent ids (0: all)")
     t.add_argument("--feature-weight", type=float, default=1.0, help="weight of the head's feature regression")
     t.add_argument("--eval-rows", type=int, default=48, help="held-out rows scored before and after")
@@ -128,7 +135,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = HeadTrainingConfig(
         kinds=kinds, steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
-        warmup=args.warmup, exit_layer=args.exit_layer, head_vocab=args.head_vocab,
+        warmup=args.warmup, exit_layer=args.exit_layer, block=args.block, head_vocab=args.head_vocab,
         feature_weight=args.feature_weight, checkpoint_every=args.checkpoint_every, seed=args.seed,
     )  # fmt: skip
     out = Path(args.output)
@@ -161,18 +168,22 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, map_location=device)
-        if set(state["modules"]) != set(kinds):
+        if not set(state["modules"]) <= set(kinds):
             raise QuickdraftError(
                 f"{ckpt_path} trains {sorted(state['modules'])}, not {list(kinds)}: use another --output"
             )
-        for k in kinds:
+        for k in state["modules"]:  # a kind added on resume starts fresh, trained from this step on
             modules[k].load_state_dict(state["modules"][k])
             optims[k].load_state_dict(state["optims"][k])
         step, history = int(state["step"]), state["history"]
         print(f"resuming {out} at step {step}/{cfg.steps}", file=sys.stderr)
-    if "before" not in report:
-        report["before"] = {k: evaluate(modules[k], k, evals, embed, full_head, ids) for k in kinds}
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
+    report.setdefault("before", {})
+    report.setdefault("started_at", {})
+    for k in kinds:
+        if k not in report["before"]:
+            report["before"][k] = evaluate(modules[k], k, evals, embed, full_head, ids)
+            report["started_at"][k] = step
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress, desc="train-draft", unit="step")
@@ -205,8 +216,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             "target": target.name,
             "data": str(args.data),
             "train_rows": len(train),
-            "steps": cfg.steps,
-            "rows_seen": cfg.steps * cfg.batch_size,
+            "steps": cfg.steps - report["started_at"].get(k, 0),
+            "rows_seen": (cfg.steps - report["started_at"].get(k, 0)) * cfg.batch_size,
             "heldout_rows": len(held),
             "heldout_before": report["before"][k],
             "heldout_after": after[k],

@@ -39,6 +39,7 @@ class HeadTrainingConfig:
     lr: float = 1e-3
     warmup: int = 40
     exit_layer: int = 2
+    block: int = 4
     head_vocab: int = 8192
     feature_weight: float = 1.0
     checkpoint_every: int = 50
@@ -86,12 +87,47 @@ def module_logits(module, kind: str, batch: Batch, embed: torch.Tensor, head: to
         z = module(batch.shallow.to(dev, dtype), positions)
         logits = F.linear(z, head.to(z.dtype))
         return logits, batch.feats.to(dev), response_mask(batch.lengths, batch.prompt_lens, width), z
+    if kind == "specdec":
+        return block_logits(module, batch, embed, head, dtype)
     # head: input (f_t, x_{t+1}) predicts f_{t+1}, whose distribution is over x_{t+2}
     positions = torch.arange(width - 1, device=dev)
     feats = batch.feats.to(dev)
     pred = module(feats[:, :-1].to(dtype), embed[batch.ids[:, 1:].to(dev)].to(dtype), positions)
     mask = response_mask(batch.lengths, batch.prompt_lens, width - 1, shift=1)
     return F.linear(pred, head.to(pred.dtype)), feats[:, 1:], mask, pred
+
+
+def block_logits(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, dtype, cuts: int = 8):
+    """SpecDec's block drafter, teacher-forced: prefix rows as the feature head's, and after `cuts`
+    shared cut points t, `block` mask queries that see prefix rows <= t and their own cut's queries
+    (bidirectionally). Query j of cut t drafts x_{t+2+j}, whose target distribution is the one at
+    position t+1+j. Returns the same 4-tuple as `module_logits` (no predicted features)."""
+    width, k = batch.ids.shape[1], module.cfg.block
+    dev = head.device
+    feats = batch.feats.to(dev)
+    prefix = module.fuse(torch.cat((feats[:, :-1].to(dtype), embed[batch.ids[:, 1:].to(dev)].to(dtype)), -1))
+    n = width - 1  # prefix rows t = 0..n-1
+    last = max(1, n - k)  # cut t needs targets at t+1..t+k < width
+    ts = torch.randint(0, last, (cuts,)).tolist()  # fresh cuts every call (the global RNG)
+    rows = n + cuts * k
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+    positions = list(range(n))
+    for c, t in enumerate(ts):
+        r = n + c * k
+        mask[r : r + k, : t + 1] = True
+        mask[r : r + k, r : r + k] = True
+        positions += [t + 1 + j for j in range(k)]
+    queries = (
+        module.queries.to(dtype)[None].expand(cuts, k, -1).reshape(1, cuts * k, -1).expand(prefix.shape[0], -1, -1)
+    )
+    out = module.block(
+        torch.cat((prefix, queries), 1), torch.tensor(positions, device=dev), None, mask.to(dev)[None, None]
+    )
+    q_out = out[:, n:]  # (B, cuts*k, H)
+    target_pos = torch.tensor([t + 1 + j for t in ts for j in range(k)], device=dev)
+    full = response_mask(batch.lengths, batch.prompt_lens, width)  # (B, width)
+    return F.linear(q_out, head.to(q_out.dtype)), feats[:, target_pos], full[:, target_pos.cpu()], None
 
 
 def train_loss(module, kind: str, batch: Batch, embed, head, feature_weight: float) -> tuple[torch.Tensor, dict]:
@@ -104,7 +140,7 @@ def train_loss(module, kind: str, batch: Batch, embed, head, feature_weight: flo
     ce = -(p * logq).sum(-1)
     loss = (ce * mask).sum() / mask.sum()
     stats = {"ce": float(loss.detach())}
-    if kind == "head":
+    if kind == "head":  # EAGLE's feature regression (the block drafter predicts no features)
         reg = F.smooth_l1_loss(pred.float(), target_feats.float(), reduction="none").mean(-1)
         reg = (reg * mask).sum() / mask.sum()
         loss = loss + feature_weight * reg
@@ -116,10 +152,12 @@ def train_loss(module, kind: str, batch: Batch, embed, head, feature_weight: flo
 
 @torch.no_grad()
 def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids) -> dict:
-    """Held-out, teacher-forced, one step: greedy agreement with the target's full-vocabulary argmax
-    and expected acceptance sum_v min(p, q) at T=1 (q is zero off the restricted ids)."""
+    """Held-out, teacher-forced (the block drafter: its queries at random cuts): greedy agreement
+    with the target's full-vocabulary argmax and expected acceptance sum_v min(p, q) at T=1 (q is
+    zero off the restricted ids)."""
     agree = accept = count = 0.0
     sub = full_head[head_ids]
+    torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions before and after
     for batch in batches:
         logits, target_feats, mask, _ = module_logits(module, kind, batch, embed, sub)
         p = F.softmax(F.linear(target_feats, full_head).float(), dim=-1)  # (B, T', V)
@@ -131,7 +169,7 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
 
 
 def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Module:
-    head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer)
+    head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer, cfg.block)
     module = MODULES[kind](head_cfg)
     layers = int(target_model.config.num_hidden_layers)
     init_from_target(module, target_model, cfg.exit_layer if kind == "kangaroo" else layers - 1)

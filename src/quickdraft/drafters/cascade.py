@@ -69,7 +69,7 @@ class CascadeDrafter:
         self.k = check_k_matrix(k_matrix, len(self.levels))
         if any(reads_target(level) for level in self.levels[1:]):
             raise QuickdraftError(
-                "a drafter that reads the target's states (head, kangaroo) can only be a cascade's first level"
+                "a drafter that reads the target's states (head, kangaroo, specdec) can only be a cascade's first level"
             )
         self.calls = [0] * len(self.levels)
 

@@ -50,8 +50,9 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, generator, q_rows: list
     return int(sample(q, generator))
 
 
-class FeatureHeadDrafter:
-    """Drafts with a trained `FeatureHead` on the target's features (method sd; native runtime)."""
+class FeatureRows:
+    """What drafters over the target's features share: the features from `observe`, the module's
+    cache of rows built on true features, catching it up to the committed context."""
 
     target_layers = (FEATURES,)
 
@@ -107,6 +108,10 @@ class FeatureHeadDrafter:
         pending = torch.stack(self.feats[fed:committed])  # (m, H), m >= 1
         nxt = torch.tensor(list(context[fed + 1 : committed + 1]), dtype=torch.long)
         return self._rows(pending, nxt)[-1:]
+
+
+class FeatureHeadDrafter(FeatureRows):
+    """Drafts with a trained `FeatureHead` on the target's features (method sd; native runtime)."""
 
     @torch.inference_mode()
     def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):

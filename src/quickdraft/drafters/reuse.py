@@ -1,11 +1,12 @@
-"""Builders of the drafters that reuse the target: `head[:PATH]` (feature head) and
-`kangaroo[:PATH]` (Kangaroo adapter). Without PATH, the module shipped for the embedded default
-target (`assets/head/...`, `assets/kangaroo/...`, trained by `quickdraft train-draft`)."""
+"""Builders of the drafters that reuse the target: `head[:PATH]` (feature head), `kangaroo[:PATH]`
+(Kangaroo adapter) and `specdec[:PATH]` (SpecDec's block drafter). Without PATH, the module shipped
+for the embedded default target (`assets/KIND/...`, trained by `quickdraft train-draft`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.drafters.block import BlockDrafterRunner
 from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
 from quickdraft.drafters.kangaroo import KangarooDrafter
 from quickdraft.drafters.spec import DrafterSpec
@@ -52,6 +53,8 @@ def build_reusing(kind: str, spec: DrafterSpec, target: LoadedModel, dtype: str,
     lm = HeadLM(embed, head, target.vocab_size, head_ids)
     if kind == "head":
         return FeatureHeadDrafter(module, lm, name=str(spec))
+    if kind == "specdec":
+        return BlockDrafterRunner(module, lm, name=str(spec))
     return KangarooDrafter(module, lm, eta=float(meta.get("eta", 0.6)), name=str(spec))
 
 
@@ -63,5 +66,9 @@ def _kangaroo(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
     return build_reusing("kangaroo", spec, target, dtype, runtime)
 
 
-REUSING_BUILDERS = {"head": _head, "kangaroo": _kangaroo}
+def _specdec(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
+    return build_reusing("specdec", spec, target, dtype, runtime)
+
+
+REUSING_BUILDERS = {"head": _head, "kangaroo": _kangaroo, "specdec": _specdec}
 __all__ = ["REUSING_BUILDERS", "build_reusing", "shipped_head_dir"]

@@ -10,7 +10,8 @@ the one shipped for the default target), `head[:PATH]` (an EAGLE-style feature h
 last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter); the
 last two are trained by `quickdraft train-draft`, ship for the default target and need the native
 runtime; `mag[:PATH]` (CS Drafting's MaG: prompt lookup, then a bigram table of the target's text)
-and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`). Every surface (CLI,
+and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`); `specdec[:PATH]`
+(SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`). Every surface (CLI,
 server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
 with the same message before any model loads.
 """
@@ -70,6 +71,7 @@ SYNTAX: dict[str, KindSyntax] = {
     "distilled": KindSyntax("distilled[:PATH]", lambda arg: None),
     "head": KindSyntax("head[:PATH]", lambda arg: None),
     "kangaroo": KindSyntax("kangaroo[:PATH]", lambda arg: None),
+    "specdec": KindSyntax("specdec[:PATH]", lambda arg: None),
     "mag": KindSyntax("mag[:PATH]", lambda arg: None, has_model=False),
     "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
 }

@@ -51,14 +51,15 @@ class DraftHeadConfig:
     rope_theta: float
     vocab_size: int
     exit_layer: int = 0
+    block: int = 0  # SpecDec: draft tokens per forward (mask queries)
 
     @classmethod
-    def from_target(cls, model, kind: str, exit_layer: int = 2) -> DraftHeadConfig:
+    def from_target(cls, model, kind: str, exit_layer: int = 2, block: int = 4) -> DraftHeadConfig:
         cfg = model.config
         rope = getattr(cfg, "rope_parameters", None) or {}
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-        if kind not in ("kangaroo", "head"):
-            raise QuickdraftError(f"unknown draft module kind {kind!r} (kangaroo or head)")
+        if kind not in MODULES:
+            raise QuickdraftError(f"unknown draft module kind {kind!r} ({', '.join(MODULES)})")
         if kind == "kangaroo" and not 1 <= exit_layer < int(cfg.num_hidden_layers):
             raise QuickdraftError(f"exit layer {exit_layer} outside [1, {int(cfg.num_hidden_layers) - 1}]")
         return cls(
@@ -67,11 +68,12 @@ class DraftHeadConfig:
             heads=int(cfg.num_attention_heads),
             kv_heads=int(cfg.num_key_value_heads),
             head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
-            intermediate=int(cfg.intermediate_size) if kind == "head" else 0,
+            intermediate=int(cfg.intermediate_size) if kind != "kangaroo" else 0,
             eps=float(cfg.rms_norm_eps),
             rope_theta=theta,
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             exit_layer=exit_layer if kind == "kangaroo" else 0,
+            block=block if kind == "specdec" else 0,
         )
 
 
@@ -129,7 +131,8 @@ class DraftBlock(nn.Module):
     ) -> torch.Tensor:
         """x: (B, T, H) rows at `positions` (T,), causal among themselves; with `kv` (B = 1) they
         follow kv.length cached rows, are written there, and kv.length advances; `mask` (T, length
-        + T) bool then replaces the causal rule (token trees). Returns (B, T, H)."""
+        + T) bool then replaces the causal rule (token trees); without `kv`, `mask` (B, 1, T, T)
+        does. Returns (B, T, H)."""
         b, t, _ = x.shape
         cfg = self.cfg
         h = self.attn_norm(x)
@@ -139,7 +142,8 @@ class DraftBlock(nn.Module):
         cos, sin = self.rope(positions, q.dtype)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         if kv is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
+            causal = mask is None and t > 1
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         else:
             at = kv.length
             kv.ensure(at + t)
@@ -189,7 +193,22 @@ class FeatureHead(nn.Module):
         return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv, mask)
 
 
-MODULES = {"kangaroo": KangarooAdapter, "head": FeatureHead}
+class BlockDrafter(FeatureHead):
+    """SpecDec's Spec-Drafter ported to a decoder-only target: the feature head's rows over the
+    committed prefix, then `block` learned mask queries after it, bidirectional among themselves and
+    seeing the whole prefix; query j's output, through the LM head, drafts the j-th next token, so
+    one forward drafts the whole block (non-autoregressive)."""
+
+    def __init__(self, cfg: DraftHeadConfig) -> None:
+        super().__init__(cfg)
+        self.queries = nn.Parameter(torch.randn(cfg.block, cfg.hidden) * 0.02)
+
+    def query(self, count: int, positions: torch.Tensor, kv: BlockKV, mask: torch.Tensor | None = None):
+        """(1, count, H) outputs of the first `count` mask queries after the cached prefix."""
+        return self.block(self.queries[:count][None], positions, kv, mask)
+
+
+MODULES = {"kangaroo": KangarooAdapter, "head": FeatureHead, "specdec": BlockDrafter}
 
 
 def init_from_target(module: nn.Module, model, layer: int) -> None:
@@ -217,6 +236,7 @@ def init_from_target(module: nn.Module, model, layer: int) -> None:
         if isinstance(module, KangarooAdapter):
             module.out_norm.weight.copy_(model.model.norm.weight.to(module.out_norm.weight.dtype))
         if isinstance(module, FeatureHead):  # start as "the next feature is this one": zero branch outputs
+            # (a BlockDrafter's queries then start near zero and learn from the prefix they read)
             own.wo.weight.zero_()
             own.down.weight.zero_()
             hidden = own.cfg.hidden
@@ -235,7 +255,7 @@ def load_draft_head(folder: Path, kind: str, model, dtype: torch.dtype) -> tuple
     cfg = DraftHeadConfig(**meta["config"])
     if cfg.kind != kind:
         raise QuickdraftError(f"{folder} holds a {cfg.kind!r} module, not a {kind!r} one")
-    mine = DraftHeadConfig.from_target(model, kind, cfg.exit_layer or 2)
+    mine = DraftHeadConfig.from_target(model, kind, cfg.exit_layer or 2, cfg.block or 4)
     checks = ("hidden", "heads", "kv_heads", "head_dim", "vocab_size")
     wrong = [
         f"{k}: module {getattr(cfg, k)} vs target {getattr(mine, k)}"

@@ -1,0 +1,52 @@
+"""SpecDec's block drafting (arXiv 2203.16487), ported to a decoder-only target: a non-autoregressive
+drafter proposes k tokens in one forward.
+
+The drafter keeps the feature head's cache of rows over the committed prefix (the target's features
+and the next tokens, `FeatureHeadDrafter`), then runs `block` learned mask queries after it, which see
+the whole prefix and each other (bidirectional among the queries) and draft tokens 1..k at once. Each
+draft token is drawn from its own query's q (independent of the other drafts: still a valid q for the
+acceptance rule), so greedy and sampling verification stay lossless; Spec-Verification
+(`--verifier specdec:beta=B,tau=T`) is the paper's lossy knob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.feature_head import FeatureRows, pick
+from quickdraft.types import Proposal
+
+
+class BlockDrafterRunner(FeatureRows):
+    """Drafts with a trained `BlockDrafter` (method sd; native runtime); at most `block` tokens a round."""
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        k = min(num_draft_tokens, self.head.cfg.block)
+        if k < 1:
+            return empty_proposal()
+        committed = len(context) - 1
+        self._catch_up(context)  # prefix rows up to the last committed token
+        positions = torch.arange(committed, committed + k, device=self.lm.embed.device)
+        mask = torch.ones(k, committed + k, dtype=torch.bool, device=positions.device)  # prefix + all queries
+        out = self.head.query(k, positions, self.kv, mask)[0]  # (k, H)
+        self.draft_steps += 1
+        self.kv.length = committed  # queries are never kept
+        logits = self.lm.logits(out)  # (k, V)
+        q_rows: list[torch.Tensor] = []
+        tokens = [pick(logits[j], sampling, generator, q_rows) for j in range(k)]
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            q_probs=torch.stack(q_rows) if q_rows else None,
+        )
