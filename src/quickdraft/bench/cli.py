@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -36,6 +37,10 @@ def add_bench_parser(sub, add_model_flags) -> None:
     cmp_.add_argument("out", help="a benchmark output folder")
     cmp_.add_argument("--method", required=True, help="the method string as in results.json")
     cmp_.set_defaults(func=_cmd_compare)
+
+    qual = actions.add_parser("quality", help="output quality of each method (lossy ones above all) vs plain decoding")
+    qual.add_argument("out", help="a benchmark output folder")
+    qual.set_defaults(func=_cmd_quality)
 
     doc = actions.add_parser("doc", help="write a markdown page from benchmark reports")
     doc.add_argument("outs", nargs="+", help="benchmark output folders")
@@ -98,6 +103,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f"{len(mismatches) - real} near-tie divergences, {real} unexplained"
     )
     return 1 if real else 0
+
+
+def _cmd_quality(args: argparse.Namespace) -> int:
+    from quickdraft.bench.quality import quality, render
+    from quickdraft.models.loading import load_model
+    from quickdraft.prompts import PromptCodec
+
+    cfg = json.loads((Path(args.out) / "results.json").read_text())["config"]
+    codec = PromptCodec.for_target(load_model(cfg["target"], cfg["dtype"]))
+    print(render(quality(Path(args.out), codec.decode)))
+    print(f"written: {args.out}/quality.json")
+    return 0
 
 
 def _cmd_doc(args: argparse.Namespace) -> int:
