@@ -81,6 +81,9 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --drafter head --draft-length 4", SMALL),
         Step("quickdraft generate ... --drafter head --draft-tree 16", SMALL),
         Step("quickdraft generate ... --drafter kangaroo --draft-length 6", SMALL),
+        Step("quickdraft generate ... --drafter specdec --draft-length 4", SMALL),
+        Step("quickdraft generate ... --drafter specdec --verifier specdec:beta=3,tau=1", SMALL),
+        Step("quickdraft generate ... --drafter csd --draft-length 6", SMALL),
         Step("quickdraft generate ... --draft-schedule confidence --confidence-threshold 0.4", SMALL),
         Step(
             "quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --gamma 3 --no-post-verify",
@@ -136,12 +139,31 @@ GROUPS: dict[str, list[Step]] = {
     ],
     "train-draft": [
         _tiny(
-            "quickdraft train-draft --kind head,kangaroo --data ../shared/data/seqkd --output runs/heads --steps 1800",
+            "quickdraft train-draft --kind head,kangaroo,specdec --data ../shared/data/seqkd --output runs/heads "
+            "--steps 1600",
             "--steps 3 --batch-size 2 --eval-rows 2 --head-vocab 16 --max-len 32 --no-progress",
             **{"../shared/data/seqkd": "SEQKD"},
         ),
         _tiny("quickdraft generate Hello --drafter head:runs/heads/head", SMALL),
         _tiny("quickdraft generate Hello --drafter kangaroo:runs/heads/kangaroo", SMALL),
+        _tiny("quickdraft generate Hello --drafter specdec:runs/heads/specdec", SMALL),
+    ],
+    "cs-drafting": [
+        _tiny(
+            "quickdraft build-bigram --data ../shared/data/seqkd --output runs/bigram",
+            **{"../shared/data/seqkd": "SEQKD"},
+        ),
+        _tiny(  # the tiny target has no shipped distilled draft: its first 2 layers stand in
+            "quickdraft generate Hello --drafter 'csd:distilled>mag:runs/bigram;k=2,4/4;l=2' --draft-length 6",
+            SMALL,
+            **{"csd:distilled>": "csd:truncated:2>"},
+        ),
+        Step(
+            "quickdraft bench --quick --methods ar,sd:drafter=csd,draft_length=6,sd:drafter=specdec,"
+            "verifier=specdec:beta=3,tau=1",
+            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+        ),
+        Step("quickdraft bench quality bench-out"),
     ],
     "distill": [
         _tiny(
@@ -179,7 +201,7 @@ GROUPS: dict[str, list[Step]] = {
         ),
     ],
 }
-DEFAULT_MODEL_GROUPS = {"generate-default", "pearl-parallel"}
+DEFAULT_MODEL_GROUPS = {"generate-default", "pearl-parallel", "cs-drafting"}
 SERVE = "quickdraft serve --drafter ngram --draft-length 4 --port 8000"
 SERVE_YAML = "quickdraft serve --config serve.yaml"
 CURL = (

@@ -35,6 +35,14 @@ def _check_key(method: str, key: str) -> None:
         raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(PEERS[method]) or 'none'})")
 
 
+def _is_key(method: str, key: str) -> bool:
+    try:
+        _check_key(method, key)
+    except QuickdraftError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A parsed method string; `text` (normalised) names it in every report."""
@@ -55,7 +63,9 @@ def parse_methods(text: str) -> list[MethodSpec]:
     """Split "ar,sd:drafter=ngram,draft_length=3,hf-assisted:drafter=ngram" into MethodSpecs.
 
     A comma-separated item that does not start with a method name continues the previous method's
-    options, so values may themselves contain ':' (drafter=model:PATH).
+    options, so values may themselves contain ':' (drafter=model:PATH); an item that is not one of
+    the method's keys continues the previous value, so values may contain ',' too
+    (verifier=specdec:beta=3,tau=1; drafter=csd:distilled>mag;k=2,4/4).
     """
     specs: list[tuple[str, list[tuple[str, str]]]] = []
     for item in (s.strip() for s in text.split(",")):
@@ -69,6 +79,10 @@ def parse_methods(text: str) -> list[MethodSpec]:
             raise QuickdraftError(f"unknown method {head!r}; choose from {', '.join(KEYS)}")
         if item:
             key, eq, value = item.partition("=")
+            if specs[-1][1] and not _is_key(specs[-1][0], key):  # a value with a comma in it
+                last_key, last_value = specs[-1][1][-1]
+                specs[-1][1][-1] = (last_key, f"{last_value},{item}")
+                continue
             if not eq or not value:
                 raise QuickdraftError(f"method option {item!r} must look like key=value")
             _check_key(specs[-1][0], key)
