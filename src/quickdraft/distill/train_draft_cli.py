@@ -26,6 +26,7 @@ from quickdraft.distill.student import rank_tokens
 from quickdraft.distill.train_heads import (
     HeadTrainingConfig,
     batch_rows,
+    decode_eval,
     evaluate,
     lr_at,
     new_module,
@@ -61,6 +62,7 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--head-vocab", type=int, default=8192, help="restricted LM head: the K most frequent ids (0: all)")
     t.add_argument("--feature-weight", type=float, default=1.0, help="weight of the head's feature regression")
     t.add_argument("--eval-rows", type=int, default=48, help="held-out rows scored before and after")
+    t.add_argument("--decode-prompts", type=int, default=8, help="held-out prompts decoded after training")
     t.add_argument("--checkpoint-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
@@ -210,6 +212,9 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             save_checkpoint(ckpt_path, step, modules, optims, history)
     bar.close()
     after = {k: evaluate(modules[k], k, evals, embed, full_head, ids) for k in kinds}
+    prompts = [list(r.prompt) for r in held[: args.decode_prompts]]
+    for k in kinds:  # tokens per target forward, decoding held-out prompts with the trained module
+        after[k]["decode"] = decode_eval(modules[k], k, target, head_ids, prompts)
     seconds = time.perf_counter() - started
     for k in kinds:
         meta = {
@@ -235,6 +240,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         print(
             f"{k}: held-out greedy agreement {b['greedy_agreement']:.3f} -> {a['greedy_agreement']:.3f}, "
             f"expected acceptance (T=1) {b['expected_acceptance_t1']:.3f} -> {a['expected_acceptance_t1']:.3f}; "
+            f"tokens per target forward {a['decode']['tokens_per_target_forward']:.2f}; "
             f"saved {out / k}"
         )
     return 0

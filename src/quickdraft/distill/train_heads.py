@@ -168,6 +168,48 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     return {"greedy_agreement": agree / count, "expected_acceptance_t1": accept / count, "positions": int(count)}
 
 
+DECODE_LENGTH = {"head": 4, "kangaroo": 6, "specdec": 4}  # draft tokens per round in `decode_eval`
+
+
+def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], max_new_tokens: int = 48) -> dict:
+    """Greedy speculative decoding with a copy of `module` (in the target's dtype) on held-out
+    prompts: tokens per target forward (the bonus token included) and draft acceptance."""
+    import copy
+
+    from quickdraft.config import SamplingConfig, StopConfig
+    from quickdraft.drafters.block import BlockDrafterRunner
+    from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
+    from quickdraft.drafters.kangaroo import KangarooDrafter
+    from quickdraft.engine import Engine
+    from quickdraft.options import options_from
+
+    draft = copy.deepcopy(module).to(target.model.dtype).eval().requires_grad_(False)
+    lm = HeadLM(
+        target.model.get_input_embeddings().weight.detach(),
+        target.model.get_output_embeddings().weight.detach(),
+        target.vocab_size,
+        head_ids,
+    )
+    runner = {"head": FeatureHeadDrafter, "specdec": BlockDrafterRunner}.get(kind)
+    drafter = runner(draft, lm) if runner else KangarooDrafter(draft, lm)
+    config = options_from({"method": "sd", "drafter": kind, "draft_length": DECODE_LENGTH[kind]})
+    engine = Engine(target, config, drafter=drafter)
+    tokens = forwards = drafted = accepted = 0
+    for ids in prompts:
+        stats = engine.generate_ids(ids, SamplingConfig(temperature=0.0), StopConfig(max_new_tokens)).stats
+        tokens += stats.num_new_tokens
+        forwards += stats.num_target_forwards
+        drafted += stats.num_draft_tokens
+        accepted += stats.num_accepted_draft_tokens
+    return {
+        "tokens_per_target_forward": tokens / max(1, forwards),
+        "draft_acceptance": accepted / max(1, drafted),
+        "draft_length": DECODE_LENGTH[kind],
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+    }
+
+
 def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Module:
     head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer, cfg.block)
     module = MODULES[kind](head_cfg)
