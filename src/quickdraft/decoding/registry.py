@@ -17,7 +17,7 @@ from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
-from quickdraft.drafters.base import Drafter, drafter_step_seconds
+from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.timing import step_seconds
@@ -79,7 +79,8 @@ READS_TARGET = ("head", "kangaroo", "specdec")  # drafter kinds that read the ta
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):
     from quickdraft.drafters.spec import parse_drafter_spec
 
-    if any(stage.kind in READS_TARGET for stage in parse_drafter_spec(parts.config.drafter)):
+    stages = parse_drafter_spec(parts.config.drafter)
+    if reads_target(parts.drafter) or any(stage.kind in READS_TARGET for stage in stages):
         raise QuickdraftError(
             "PEARL drafts while the target runs, so a drafter that reads the target's states "
             f"({', '.join(READS_TARGET)}) cannot run under it; use --method sd"
