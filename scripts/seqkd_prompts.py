@@ -33,7 +33,9 @@ def main() -> None:
             user = text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0].strip()
             if not user or len(user) > 1500:
                 continue
-            f.write(json.dumps({"question_id": written, "category": f"seqkd-heldout-{args.mode}", "turns": [user]}) + "\n")
+            f.write(
+                json.dumps({"question_id": written, "category": f"seqkd-heldout-{args.mode}", "turns": [user]}) + "\n"
+            )
             written += 1
             if written == args.limit:
                 break

@@ -229,3 +229,19 @@ def test_head_tree_sampling_has_the_target_law():
     expected = [law[s] * N for s in big] + [N * (1 - sum(law[s] for s in big))]
     assert rejected > 0 and len(big) >= 20
     assert chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bench_counts_the_drafting_cost(target, trained, kind, tmp_path):
+    """The bench's cost model (SWI) sees every reusing drafter's steps at a measured, non-zero cost
+    (a Kangaroo drafter is only bound to the target by its first generation)."""
+    from quickdraft.bench.methods import QuickdraftMethod, parse_methods
+    from quickdraft.distill.train_draft_cli import export
+
+    module, _, _, _ = trained[kind]
+    folder = export(tmp_path / kind, module, None, {"target": target.name})
+    method = QuickdraftMethod(parse_methods(f"sd:drafter={kind}:{folder},draft_length=3")[0], target, "float64")
+    first, second = method.run(PROMPT, 12), method.run(PROMPT, 12)
+    assert method.costs and method.costs[0] > 0
+    assert first.draft_cost_units > 0 and second.draft_cost_units > 0
+    assert second.token_ids == plain(target, 12)

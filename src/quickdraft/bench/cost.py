@@ -28,19 +28,14 @@ def relative_costs(engine) -> list[float]:
     if not parts:
         return []
     target = step_seconds(engine.target)
-    costs = []
-    for d in parts:
-        known = getattr(d, "relative_cost", None)  # Kangaroo: l / L of the target's layers
-        costs.append(known if known is not None else (d.step_seconds() or 0.0) / target if target > 0 else 0.0)
-    return costs
+    return [(d.step_seconds() or 0.0) / target if target > 0 else 0.0 for d in parts]
 
 
-def draft_cost_units(engine, costs: list[float]) -> float:
-    """The drafting of the last generation, in target forwards."""
+def draft_steps(engine) -> list[int]:
+    """Forward calls of each draft component in the last generation (a cascade counts per level)."""
     drafter = engine.drafter
     if drafter is None:
-        return 0.0
-    if hasattr(drafter, "levels") and hasattr(drafter, "calls"):  # a cascade counts calls per level
-        return sum(c * n for c, n in zip(costs, drafter.calls, strict=False))
-    steps = [getattr(d, "draft_steps", 0) for d in components(drafter)]
-    return sum(c * n for c, n in zip(costs, steps, strict=False))
+        return []
+    if hasattr(drafter, "levels") and hasattr(drafter, "calls"):
+        return list(drafter.calls)
+    return [getattr(d, "draft_steps", 0) for d in components(drafter)]

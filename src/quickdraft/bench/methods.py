@@ -132,16 +132,17 @@ class QuickdraftMethod:
         return METHODS[self.spec.name].uses_drafter
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        from quickdraft.bench.cost import draft_cost_units, relative_costs
+        from quickdraft.bench.cost import draft_steps, relative_costs
 
-        if self.costs is None and self.spec.name == "sd":  # measured once, after the warm-up bound the drafter
-            self.costs = relative_costs(self.engine)
         stop = StopConfig(max_new_tokens, self.engine.target_info.eos_token_ids)
         res = self.engine.generate_ids(prompt_ids, SamplingConfig(temperature=0.0), stop)
         s = res.stats
         units = 0.0 if self.spec.name == "ar" else None
-        if self.costs is not None:
-            units = draft_cost_units(self.engine, self.costs)
+        if self.spec.name == "sd":
+            steps = draft_steps(self.engine)  # read before measuring (measuring runs the drafters)
+            if self.costs is None:  # measured once, after a generation bound the drafter to the target
+                self.costs = relative_costs(self.engine)
+            units = sum(c * n for c, n in zip(self.costs, steps, strict=True))
         return RunOutput(
             res.token_ids,
             s.wall_s,

@@ -53,20 +53,25 @@ class KangarooDrafter:
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.states.extend(states[self.exit_layer])
 
-    @property
-    def relative_cost(self) -> float | None:
-        """A draft step's cost relative to a target step: l of the target's L layers (the adapter
-        and head are small beside them); None before `bind`."""
-        return None if self.target is None else self.exit_layer / self.target.net.num_layers
-
     def step_seconds(self) -> float | None:
-        """One draft step costs l of the target's L layers plus the adapter: measured by the
-        target's own step time scaled by l / L (the adapter and head are small beside it)."""
+        """Measured seconds of one draft step (the target's first l layers on one token, the adapter
+        and the LM head) on a short context; None before `bind`. Resets the target's cache: call
+        between generations."""
         if self.target is None:
             return None
-        from quickdraft.models.timing import step_seconds
+        import time
 
-        return step_seconds(self.target) * self.exit_layer / self.target.net.num_layers
+        kv, self.kv = self.kv, BlockKV(self.adapter.cfg, self.lm.embed.dtype, self.lm.embed.device)
+        self.target.prefill([0] * 16)
+        with torch.inference_mode():
+            self._adapt(self.target.extend_shallow([1], self.exit_layer))
+            start = time.perf_counter()
+            for _ in range(5):
+                self._adapt(self.target.extend_shallow([1], self.exit_layer))
+            seconds = (time.perf_counter() - start) / 5
+        self.target.reset()
+        self.kv = kv
+        return seconds
 
     def _adapt(self, shallow: torch.Tensor) -> torch.Tensor:
         """Rows (m, H) at the adapter cache's end -> (m, V) draft logits."""
