@@ -86,6 +86,27 @@ def observe_target(drafter: Drafter | None, target, rows: int | Sequence[int]) -
     drafter.observe(states)
 
 
+class ComposedReads:
+    """For drafters built from other drafters (`parts`: a chain's stages, a cascade's levels): the
+    target states any part reads, the binding and the observed rows passed on to the parts that read."""
+
+    parts: list
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(layer for d in self.parts for layer in getattr(d, "target_layers", ())))
+
+    def bind(self, target) -> None:
+        for part in self.parts:
+            if reads_target(part):
+                part.bind(target)
+
+    def observe(self, states: dict[int, torch.Tensor]) -> None:
+        for part in self.parts:
+            if reads_target(part):
+                part.observe({layer: states[layer] for layer in part.target_layers})
+
+
 def empty_proposal() -> Proposal:
     return Proposal(tokens=torch.zeros(0, dtype=torch.long), q_probs=None)
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal, reads_target
+from quickdraft.drafters.base import ComposedReads, Drafter, KeepDrafting, empty_proposal, reads_target
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
@@ -48,7 +48,7 @@ def check_k_matrix(k: Sequence[Sequence[int]], levels: int) -> list[list[int]]:
     return full
 
 
-class CascadeDrafter:
+class CascadeDrafter(ComposedReads):
     """CS Drafting over any of the project's drafters (levels big -> small).
 
     Args:
@@ -66,6 +66,7 @@ class CascadeDrafter:
         if lenience < 1:
             raise QuickdraftError(f"cascade lenience must be >= 1, got {lenience}")
         self.levels, self.lenience, self.name = list(levels), float(lenience), name
+        self.parts = self.levels  # ComposedReads: levels that read the target are bound and fed
         self.k = check_k_matrix(k_matrix, len(self.levels))
         if any(reads_target(level) for level in self.levels[1:]):
             raise QuickdraftError(
@@ -77,20 +78,6 @@ class CascadeDrafter:
     def block(self) -> int:
         """Tokens proposed to the target per round (before quotas are overshot)."""
         return sum(self.k[0])
-
-    @property
-    def target_layers(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(layer for d in self.levels for layer in getattr(d, "target_layers", ())))
-
-    def bind(self, target) -> None:
-        for level in self.levels:
-            if reads_target(level):
-                level.bind(target)
-
-    def observe(self, states) -> None:
-        for level in self.levels:
-            if reads_target(level):
-                level.observe({layer: states[layer] for layer in level.target_layers})
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.calls = [0] * len(self.levels)

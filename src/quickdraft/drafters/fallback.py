@@ -19,12 +19,12 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal, reads_target
+from quickdraft.drafters.base import ComposedReads, Drafter, KeepDrafting, empty_proposal
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
 
-class FallbackDrafter:
+class FallbackDrafter(ComposedReads):
     """Ask each drafter in order; the first non-empty proposal is the round's.
 
     Attributes:
@@ -36,23 +36,9 @@ class FallbackDrafter:
         if len(drafters) < 2:
             raise QuickdraftError("a fallback chain needs at least two drafters, e.g. ngram:3:2+distilled")
         self.drafters = list(drafters)
+        self.parts = self.drafters  # ComposedReads: stages that read the target are bound and fed
         self.name = "+".join(d.name for d in self.drafters)
         self.rounds_by_drafter = [0] * len(self.drafters)
-
-    @property
-    def target_layers(self) -> tuple[int, ...]:
-        """The target states any stage reads (drafters/base.py)."""
-        return tuple(dict.fromkeys(layer for d in self.drafters for layer in getattr(d, "target_layers", ())))
-
-    def bind(self, target) -> None:
-        for drafter in self.drafters:
-            if reads_target(drafter):
-                drafter.bind(target)
-
-    def observe(self, states) -> None:
-        for drafter in self.drafters:
-            if reads_target(drafter):
-                drafter.observe({layer: states[layer] for layer in drafter.target_layers})
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         for drafter in self.drafters:
