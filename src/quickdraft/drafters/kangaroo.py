@@ -73,11 +73,13 @@ class KangarooDrafter:
         self.kv = kv
         return seconds
 
-    def _adapt(self, shallow: torch.Tensor) -> torch.Tensor:
-        """Rows (m, H) at the adapter cache's end -> (m, V) draft logits."""
+    def _adapt(self, shallow: torch.Tensor, head: bool = True) -> torch.Tensor | None:
+        """Rows (m, H) at the adapter cache's end -> (m, V) draft logits (None without `head`:
+        committed rows are only cached)."""
         at = self.kv.length
         positions = torch.arange(at, at + shallow.shape[0], device=shallow.device)
-        return self.lm.logits(self.adapter(shallow[None], positions, self.kv)[0])
+        states = self.adapter(shallow[None], positions, self.kv)[0]
+        return self.lm.logits(states) if head else None
 
     @torch.inference_mode()
     def propose(
@@ -98,7 +100,7 @@ class KangarooDrafter:
         if num_draft_tokens < 1:
             return empty_proposal()
         if self.kv.length < committed:  # committed rows the adapter has not read yet
-            self._adapt(torch.stack(self.states[self.kv.length : committed]))
+            self._adapt(torch.stack(self.states[self.kv.length : committed]), head=False)
         shallow = [self.target.extend_shallow([context[-1]], self.exit_layer)]  # first early exit
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
