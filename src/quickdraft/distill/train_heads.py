@@ -177,9 +177,8 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
     import copy
 
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.drafters.block import BlockDrafterRunner
-    from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
-    from quickdraft.drafters.kangaroo import KangarooDrafter
+    from quickdraft.drafters.feature_head import HeadLM
+    from quickdraft.drafters.reuse import reusing_drafter
     from quickdraft.engine import Engine
     from quickdraft.options import options_from
 
@@ -190,8 +189,7 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
         target.vocab_size,
         head_ids,
     )
-    runner = {"head": FeatureHeadDrafter, "specdec": BlockDrafterRunner}.get(kind)
-    drafter = runner(draft, lm) if runner else KangarooDrafter(draft, lm)
+    drafter = reusing_drafter(kind, draft, lm)
     config = options_from({"method": "sd", "drafter": kind, "draft_length": DECODE_LENGTH[kind]})
     engine = Engine(target, config, drafter=drafter)
     tokens = forwards = drafted = accepted = 0

@@ -15,6 +15,7 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.errors import QuickdraftError
+from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.types import Proposal
 
 # Called with the draft's raw logits row (V,) after each drafted token; False stops the round.
@@ -105,6 +106,16 @@ class ComposedReads:
         for part in self.parts:
             if reads_target(part):
                 part.observe({layer: states[layer] for layer in part.target_layers})
+
+
+def draft_token(logits: torch.Tensor, sampling: SamplingConfig, generator, q_rows: list) -> int:
+    """One draft token from a (V,) logits row: argmax when greedy, else a sample of the processed q,
+    appended to q_rows (verifiers need exactly the q each token was drawn from)."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    q = logits_to_probs(logits, sampling)  # (V,) float32
+    q_rows.append(q)
+    return int(sample(q, generator))
 
 
 def empty_proposal() -> Proposal:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
-from quickdraft.drafters.feature_head import FeatureRows, pick
+from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.feature_head import FeatureRows
 from quickdraft.types import Proposal
 
 
@@ -45,7 +45,7 @@ class BlockDrafterRunner(FeatureRows):
         self.kv.length = committed  # queries are never kept
         logits = self.lm.logits(out)  # (k, V)
         q_rows: list[torch.Tensor] = []
-        tokens = [pick(logits[j], sampling, generator, q_rows) for j in range(k)]
+        tokens = [draft_token(logits[j], sampling, generator, q_rows) for j in range(k)]
         return Proposal(
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,

@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import FEATURES, KeepDrafting, empty_proposal
-from quickdraft.models.cached_model import scatter_head
+from quickdraft.drafters.base import FEATURES, KeepDrafting, draft_token, empty_proposal
+from quickdraft.models.cached_model import check_head_ids, scatter_head
 from quickdraft.models.draft_heads import BlockKV, FeatureHead
-from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.types import Proposal
 
 
@@ -32,22 +31,12 @@ class HeadLM:
 
     def __init__(self, embed: torch.Tensor, head: torch.Tensor, vocab_size: int, head_ids: torch.Tensor | None):
         self.embed, self.vocab_size = embed, vocab_size
-        self.head_ids = None if head_ids is None else head_ids.to(torch.long).to(head.device)
+        self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
         self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         sub = F.linear(states, self.weight)
         return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
-
-
-def pick(logits: torch.Tensor, sampling: SamplingConfig, generator, q_rows: list) -> int:
-    """One draft token from a (V,) logits row: argmax when greedy, else a sample of the processed q
-    (appended to q_rows: verifiers need exactly the q each token was drawn from)."""
-    if sampling.greedy:
-        return int(logits.argmax())
-    q = logits_to_probs(logits, sampling)
-    q_rows.append(q)
-    return int(sample(q, generator))
 
 
 class FeatureRows:
@@ -155,7 +144,7 @@ class FeatureHeadDrafter(FeatureRows):
         q_rows: list[torch.Tensor] = []
         while True:
             logits = self.lm.logits(pred)[0]  # (V,)
-            tokens.append(pick(logits, sampling, generator, q_rows))
+            tokens.append(draft_token(logits, sampling, generator, q_rows))
             if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
                 break
             pred = self._rows(pred, torch.tensor(tokens[-1:]))

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
-from quickdraft.drafters.feature_head import HeadLM, pick
+from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.feature_head import HeadLM
 from quickdraft.models.draft_heads import BlockKV, KangarooAdapter
 from quickdraft.types import Proposal
 
@@ -106,7 +106,7 @@ class KangarooDrafter:
         q_rows: list[torch.Tensor] = []
         while True:
             logits = self._adapt(shallow[-1])[0]  # (V,)
-            tokens.append(pick(logits, sampling, generator, q_rows))
+            tokens.append(draft_token(logits, sampling, generator, q_rows))
             shallow.append(self.target.extend_shallow(tokens[-1:], self.exit_layer))  # verification reuses it
             self.draft_steps += 1
             confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
 from quickdraft.models.cached_model import CachedModel
-from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
@@ -62,12 +61,7 @@ class ModelDrafter:
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         while True:
-            if sampling.greedy:
-                token = int(logits.argmax())
-            else:
-                q = logits_to_probs(logits, sampling)  # (V,) float32
-                token = int(sample(q, generator))
-                q_rows.append(q)
+            token = draft_token(logits, sampling, generator, q_rows)
             tokens.append(token)
             if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
                 break

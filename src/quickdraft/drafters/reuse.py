@@ -49,13 +49,17 @@ def build_reusing(kind: str, spec: DrafterSpec, target: LoadedModel, dtype: str,
     head = target.model.get_output_embeddings().weight.detach()
     if own != target.model.dtype:
         embed, head = embed.to(own), head.to(own)
-    module = module.to(embed.device)
     lm = HeadLM(embed, head, target.vocab_size, head_ids)
+    return reusing_drafter(kind, module.to(embed.device), lm, eta=float(meta.get("eta", 0.6)), name=str(spec))
+
+
+def reusing_drafter(kind: str, module, lm: HeadLM, eta: float = 0.6, name: str | None = None):
+    """The drafter that runs a `kind` module (head, specdec, kangaroo) through the target's LM head."""
     if kind == "head":
-        return FeatureHeadDrafter(module, lm, name=str(spec))
+        return FeatureHeadDrafter(module, lm, name=name or kind)
     if kind == "specdec":
-        return BlockDrafterRunner(module, lm, name=str(spec))
-    return KangarooDrafter(module, lm, eta=float(meta.get("eta", 0.6)), name=str(spec))
+        return BlockDrafterRunner(module, lm, name=name or kind)
+    return KangarooDrafter(module, lm, eta=eta, name=name or kind)
 
 
 def _head(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
@@ -71,4 +75,4 @@ def _specdec(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
 
 
 REUSING_BUILDERS = {"head": _head, "kangaroo": _kangaroo, "specdec": _specdec}
-__all__ = ["REUSING_BUILDERS", "build_reusing", "shipped_head_dir"]
+__all__ = ["REUSING_BUILDERS", "build_reusing", "reusing_drafter", "shipped_head_dir"]
