@@ -62,6 +62,35 @@ class PearlVerdict:
     next_token: int
 
 
+def q_row_list(tokens: Sequence[int], q_probs: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """One entry per token: its (V,) q row, or None for a deterministic proposal (q_probs None)."""
+    if q_probs is None:
+        return [None] * len(tokens)
+    if q_probs.shape[0] != len(tokens):
+        raise QuickdraftError(f"{q_probs.shape[0]} q rows for {len(tokens)} draft tokens")
+    return list(q_probs)
+
+
+def stack_q_rows(tokens: Sequence[int], rows: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """(m, V) q rows for m judged tokens, or None when every token is deterministic.
+
+    A deterministic token among sampled ones gets a one-hot row on itself, which the verifiers treat
+    exactly as q None (accept with p(x); on rejection correct from norm(max(0, p - one_hot(x))))."""
+    if len(rows) != len(tokens):
+        raise QuickdraftError(f"{len(rows)} q rows for {len(tokens)} draft tokens")
+    sampled = [row for row in rows if row is not None]
+    if not sampled:
+        return None
+    like = sampled[0]
+    out = []
+    for token, row in zip(tokens, rows, strict=True):
+        if row is None:
+            row = torch.zeros_like(like)
+            row[token] = 1.0
+        out.append(row)
+    return torch.stack(out)
+
+
 class PearlLogic:
     """The PEARL state machine for one sequence (no models, no processes, no clocks)."""
 
@@ -76,7 +105,7 @@ class PearlLogic:
         self.committed = list(committed)
         self.max_length = max_length  # committed length at which generation ends (drafts stop there)
         self.pending: list[int] = []
-        self.pending_q: list[torch.Tensor] | None = []
+        self.pending_q: list[torch.Tensor | None] = []  # one q row per pending token (None: deterministic)
         self.gamma, self.pre_verify, self.post_verify = gamma, pre_verify, post_verify
         self.kind = self._start_kind
         self.current_run = 0  # tokens committed since the last rejection (PEARL's own MAT)
@@ -103,20 +132,21 @@ class PearlLogic:
         return [self.committed[-1]] + ([] if self.kind == "pre" else self.pending)
 
     def candidates(self, drafted: list[int], drafted_q: torch.Tensor | None):
-        """Tokens judged this round, their (m, V) q rows (None if deterministic) and whether the
-        target's last row is free for a bonus token (verify rounds, or a round whose draft is empty)."""
-        pending_q = torch.stack(self.pending_q) if self.pending and self.pending_q is not None else None
+        """Tokens judged this round, their (m, V) q rows (None if all deterministic) and whether the
+        target's last row is free for a bonus token (verify rounds, or a round whose draft is empty).
+
+        Pending tokens and this round's draft may come from different stages of a fallback chain
+        (a sampled model draft, then a deterministic n-gram copy, or the reverse): each token keeps
+        its own q row, and a deterministic token's row is one-hot (`stack_q_rows`)."""
         if self.kind == "pre" and not drafted:
             return [], None, True  # nothing drafted: a plain decoding step
         if self.kind == "verify" or (self.kind == "post" and not drafted):
-            return list(self.pending), pending_q, True
+            return list(self.pending), stack_q_rows(self.pending, self.pending_q), True
         if self.kind == "pre":
-            return drafted[:1], None if drafted_q is None else drafted_q[:1], False
+            return drafted[:1], stack_q_rows(drafted[:1], q_row_list(drafted, drafted_q)[:1]), False
         if self.kind == "post":
-            if drafted_q is None:
-                return self.pending + drafted[:1], None, False
-            q = drafted_q[:1] if pending_q is None else torch.cat([pending_q, drafted_q[:1]])
-            return self.pending + drafted[:1], q, False
+            cand = self.pending + drafted[:1]
+            return cand, stack_q_rows(cand, self.pending_q + q_row_list(drafted, drafted_q)[:1]), False
         raise QuickdraftError(f"nothing to judge in a {self.kind!r} round")
 
     def judge(
@@ -146,7 +176,7 @@ class PearlLogic:
 
     def apply(self, verdict: PearlVerdict | None, drafted: list[int], drafted_q: torch.Tensor | None) -> Round | None:
         """Commit a round's outcome; returns its Round (None for a draft-only round)."""
-        q_rows = None if drafted_q is None else list(drafted_q)
+        q_rows = q_row_list(drafted, drafted_q)
         if self.kind == "draft":
             self.pending, self.pending_q = list(drafted), q_rows
             self.kind = "post" if self.post_verify else "verify"
@@ -160,13 +190,13 @@ class PearlLogic:
         events: dict[str, int] = {}
         if self.kind in ("pre", "post") and n == m:  # all accepted: the rest of the new draft is pending
             self.pending = list(drafted[1:])
-            self.pending_q = None if q_rows is None else q_rows[1:]
+            self.pending_q = q_rows[1:]
             self.kind = "post" if self.post_verify else ("verify" if self.pending else self._start_kind)
         else:
             if n < m:  # a rejection ends PEARL's run of accepted tokens (correction token included)
                 events = {"pearl_runs": 1, "pearl_run_tokens": self.current_run}
                 self.current_run = 0
-            self.pending, self.pending_q = [], None
+            self.pending, self.pending_q = [], []
             self.kind = self._start_kind
         return Round(new, num_draft_tokens=m, num_accepted=n, events=events)
 
