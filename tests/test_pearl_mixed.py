@@ -88,7 +88,9 @@ def _mixed_chain_samples(verifier=None, gamma=2):
     pearl_module.stack_q_rows, saved = counting, pearl_module.stack_q_rows
     try:
         for i in range(N):
-            dec = PearlDecoder(MarkovModel(p), drafter, verifier or SpeculativeSampling(), PearlConfig(gamma=gamma), gamma)
+            dec = PearlDecoder(
+                MarkovModel(p), drafter, verifier or SpeculativeSampling(), PearlConfig(gamma=gamma), gamma
+            )
             res = collect(
                 dec.rounds(PROMPT, SamplingConfig(temperature=1.0), LENGTH, Generators.from_seed(i)),
                 StopConfig(max_new_tokens=LENGTH),

@@ -22,7 +22,7 @@ def test_default_model_loads_with_its_tokenizer_and_chat_template(smollm_fp32):
     assert smollm_fp32.tokenizer.chat_template
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "truncated:4", "distilled", "distilled@bfloat16"])
+@pytest.mark.parametrize("drafter", ["ngram", "truncated:4", "distilled", "distilled@bfloat16", "suffix"])
 def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
     ar = Engine(smollm_fp32, EngineConfig(method="ar"))
     sd = Engine(smollm_fp32, EngineConfig(method="sd"), drafter=make_drafter(drafter, smollm_fp32, "float32"))
@@ -48,3 +48,16 @@ def test_the_shipped_distilled_draft_belongs_to_the_default_target(smollm_fp32):
     assert size < 50 * 2**20  # "a few tens of MB at most"
     drafter = make_drafter("distilled", smollm_fp32)
     assert drafter.model.head_ids is not None and len(drafter.model.head_ids) == meta["head_vocab"]
+
+
+@pytest.mark.parametrize("budget", [8, 16])
+def test_greedy_suffix_trees_equal_plain_on_default_model_float32(smollm_fp32, budget):
+    from quickdraft.options import options_from
+
+    ar = Engine(smollm_fp32, EngineConfig(method="ar"))
+    sd = Engine(smollm_fp32, options_from({"drafter": "suffix", "draft_tree": budget}))
+    for prompt in (PROMPT, "Write a Python function that checks whether a number is prime."):
+        want = ar.generate(prompt, max_new_tokens=48)
+        got = sd.generate(prompt, max_new_tokens=48)
+        assert got.token_ids == want.token_ids
+        assert got.stats.num_accepted_draft_tokens > 5  # the shipped datastore drafts and is accepted

@@ -42,7 +42,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_request_flags(gen)
     gen.set_defaults(func=_cmd_generate)
 
-    prep = sub.add_parser("prepare", help="convert the embedded default model once (GGUF -> safetensors cache)")
+    prep = sub.add_parser(
+        "prepare", help="convert the embedded default model once (GGUF -> safetensors cache) and index its datastore"
+    )
     prep.set_defaults(func=_cmd_prepare)
 
     from quickdraft.bench.cli import add_bench_parser
@@ -56,6 +58,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from quickdraft.distill.train_draft_cli import add_train_draft_parser
 
     add_train_draft_parser(sub)
+
+    from quickdraft.distill.datastore_cli import add_datastore_parser
+
+    add_datastore_parser(sub)
 
     # serve: unset flags stay absent so a YAML config can fill them (explicit flags win)
     srv = sub.add_parser(
@@ -148,9 +154,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
     from quickdraft.models.default import ensure_default_model
 
     print(ensure_default_model())
+    for folder in sorted(p.parent for p in SHIPPED_DATASTORES.glob("*/datastore.json")):
+        load_datastore(folder)  # the suffix drafter's index, built once into the cache
     return 0
 
 

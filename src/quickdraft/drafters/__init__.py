@@ -25,7 +25,15 @@ from quickdraft.drafters.mag import MaGDrafter, load_bigram, shipped_bigram
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, prompt_lookup
 from quickdraft.drafters.reuse import REUSING_BUILDERS
-from quickdraft.drafters.spec import SYNTAX, DrafterSpec, int_arg, ngram_sizes, parse_cascade, parse_drafter_spec
+from quickdraft.drafters.spec import (
+    SYNTAX,
+    DrafterSpec,
+    int_arg,
+    ngram_sizes,
+    parse_cascade,
+    parse_drafter_spec,
+    parse_suffix,
+)
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 from quickdraft.models.runtime import cached_model
@@ -77,6 +85,18 @@ def _mag(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Dr
     return MaGDrafter(None if shipped is None else load_bigram(shipped, target.vocab_size), name=str(spec))
 
 
+def _suffix(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    """Suffix trees over the datastore at PATH, else the one shipped for the target (none: the
+    request's own text only; `suffix:none` asks for that)."""
+    from quickdraft.drafters.datastore import load_datastore, shipped_datastore
+    from quickdraft.drafters.suffix import SuffixConfig, SuffixDrafter
+
+    path, options = parse_suffix(spec.arg)
+    folder = shipped_datastore(target) if path is None else (None if path == "none" else Path(path).expanduser())
+    index = None if folder is None else load_datastore(folder, target.vocab_size)
+    return SuffixDrafter(index, SuffixConfig(**options), name=str(spec))
+
+
 def _csd(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     cascade = parse_cascade(spec.arg)
     levels = [
@@ -93,6 +113,7 @@ BUILDERS: dict[str, Builder] = {
     **REUSING_BUILDERS,
     "mag": _mag,
     "csd": _csd,
+    "suffix": _suffix,
 }
 DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"

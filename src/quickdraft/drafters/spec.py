@@ -11,7 +11,9 @@ last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kanga
 last two are trained by `quickdraft train-draft`, ship for the default target and need the native
 runtime; `mag[:PATH]` (CS Drafting's MaG: prompt lookup, then a bigram table of the target's text)
 and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`); `specdec[:PATH]`
-(SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`). Every surface (CLI,
+(SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`);
+`suffix[:PATH][;cache=N]...` (model-free suffix-match trees over the request's text and a datastore
+of the target's own text: `parse_suffix`). Every surface (CLI,
 server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
 with the same message before any model loads.
 """
@@ -74,7 +76,26 @@ SYNTAX: dict[str, KindSyntax] = {
     "specdec": KindSyntax("specdec[:PATH]", lambda arg: None),
     "mag": KindSyntax("mag[:PATH]", lambda arg: None, has_model=False),
     "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
+    "suffix": KindSyntax("suffix[:PATH][;cache=N][;match=M][;depth=D]", lambda arg: parse_suffix(arg), has_model=False),
 }
+
+
+def parse_suffix(arg: str | None) -> tuple[str | None, dict[str, int]]:
+    """`[PATH][;cache=N][;match=M][;depth=D]` -> (PATH or None, options): PATH a datastore folder
+    (absent: the one shipped for the target; `none`: no datastore), cache the tokens of earlier
+    requests' outputs kept (0 = off), match the longest suffix searched, depth the longest branch."""
+    path, *options = (arg or "").split(";")
+    values: dict[str, int] = {}
+    names = {"cache": "cache", "match": "max_match", "depth": "depth", "rows": "max_rows"}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in names or not value.isdigit():
+            raise QuickdraftError(f"drafter 'suffix:{arg}': bad option {option!r} (cache=N, match=M, depth=D, rows=R)")
+        values[names[key]] = int(value)
+    if any(v < 1 for k, v in values.items() if k != "cache"):
+        raise QuickdraftError(f"drafter 'suffix:{arg}': match, depth and rows must be >= 1")
+    return path or None, values
+
 
 DEFAULT_CASCADE = "distilled>mag"
 

@@ -1,0 +1,205 @@
+"""Suffix drafting: model-free token trees from the target's own text (SuffixDecoding, SAM-Decoding, REST).
+
+Each round the drafter finds the longest suffix of the context (up to `max_match` tokens) in three
+sources and reads what followed its occurrences:
+  (a) the request's own prompt and output so far (the most recent `max_rows` occurrences);
+  (b) a global datastore of the target's own generations (`drafters/suffix_index.py`; shipped for
+      the default target, built for any target by `quickdraft build-datastore`);
+  (c) optionally, a bounded cache of earlier requests' outputs (`cache=N` tokens; the server turns
+      it on, the CLI and the bench leave it off unless the spec asks).
+The continuations of one source form a frequency trie: a node's score is the fraction of that
+source's occurrences whose continuation starts with the node's path (the product of empirical
+conditional probabilities along it). Sources merge by the best score per path, and the `budget`
+best nodes form the tree (a parent always scores at least as much as its child, so the selection is
+prefix-closed). A chain (`--draft-length k`) is the greedy path through that tree.
+
+Deterministic (the tree is a function of the context): greedy and sampled verification stay
+lossless with the tree verifier's one-hot rule for deterministic siblings.
+
+Spec: `suffix[:PATH][;cache=N][;match=M][;depth=D]` (PATH: a datastore folder; without it the one
+shipped for the default target; `suffix:none` uses no datastore).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.suffix_index import SEP, SuffixIndex
+from quickdraft.errors import QuickdraftError
+from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
+
+CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this many nodes
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """max_match: longest context suffix searched; depth: longest drafted branch; max_rows:
+    occurrences read per source; cache: tokens of earlier requests' outputs kept (0 = off)."""
+
+    max_match: int = 24
+    depth: int = 8
+    max_rows: int = 256
+    cache: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.max_match, self.depth, self.max_rows) < 1 or self.cache < 0:
+            raise QuickdraftError(f"suffix drafter: match, depth and rows must be >= 1 and cache >= 0, got {self}")
+
+
+def scan_matches(text: np.ndarray, context: Sequence[int], limit: int, max_match: int, depth: int, max_rows: int):
+    """(n, rows): the longest suffix of `context` (n <= max_match tokens) ending at a position < `limit`
+    of `text`, and the (m, depth) int64 tokens after its most recent `max_rows` occurrences (-1 after
+    a separator or the end of `text`); n = 0 and no rows when nothing matches."""
+    t = len(context)
+    empty = np.zeros((0, depth), dtype=np.int64)
+    if t == 0 or limit <= 0:
+        return 0, empty
+    pattern = np.asarray(context[-min(t, max_match) :], dtype=np.int64)
+    hits = np.flatnonzero(text[:limit] == pattern[-1])
+    if not hits.size:
+        return 0, empty
+    n = 1
+    while n < len(pattern):
+        longer = hits[hits >= n]
+        longer = longer[text[longer - n] == pattern[-1 - n]]
+        if not longer.size:
+            break
+        hits, n = longer, n + 1
+    hits = hits[-max_rows:]
+    idx = hits[:, None] + 1 + np.arange(depth)[None, :]
+    rows = np.where(idx < len(text), text[np.minimum(idx, len(text) - 1)], SEP).astype(np.int64)
+    rows[np.cumsum(rows < 0, axis=1) > 0] = -1
+    return n, rows
+
+
+def trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
+    """The `budget` best prefixes of `rows` (m, depth) by count / m, as {path: score}; ties go to the
+    shorter path, so the result is prefix-closed."""
+    m, depth = rows.shape
+    if m == 0 or budget < 1:
+        return {}
+    scores, depths, firsts = [], [], []
+    for d in range(1, depth + 1):
+        valid = rows[:, d - 1] >= 0
+        if not valid.any():
+            break
+        prefixes = np.ascontiguousarray(rows[valid, :d]).view(np.dtype((np.void, 8 * d))).ravel()
+        _, first, counts = np.unique(prefixes, return_index=True, return_counts=True)
+        scores.append(counts / m)
+        depths.append(np.full(len(counts), d))
+        firsts.append(np.flatnonzero(valid)[first])
+    score, dep, first = np.concatenate(scores), np.concatenate(depths), np.concatenate(firsts)
+    best = np.lexsort((dep, -score))[:budget]
+    return {tuple(rows[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
+
+
+def merge_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> list[tuple[int, ...]]:
+    """The `budget` best paths over several sources (best score per path), parents first."""
+    best: dict[tuple[int, ...], float] = {}
+    for part in parts:
+        for path, score in part.items():
+            if score > best.get(path, -1.0):
+                best[path] = score
+    ranked = sorted(best, key=lambda path: (-best[path], len(path), path))[:budget]
+    return sorted(ranked, key=lambda path: (len(path), -best[path], path))
+
+
+def paths_to_tree(paths: Sequence[tuple[int, ...]]) -> TokenTree:
+    """A TokenTree from prefix-closed paths sorted parents first (deterministic: no q rows)."""
+    tree, node = TokenTree(), {}
+    for path in paths:
+        node[path] = tree.add(path[-1], node[path[:-1]] if len(path) > 1 else -1)
+    return tree
+
+
+class RecentOutputs:
+    """A bounded cache of earlier requests' token streams (oldest dropped first), searched as one array."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.docs: deque[np.ndarray] = deque()
+        self.size = 0
+        self.text = np.zeros(0, dtype=np.int64)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        doc = np.asarray(tokens, dtype=np.int64)[-self.max_tokens :]
+        if self.max_tokens < 1 or not doc.size:
+            return
+        self.docs.append(doc)
+        self.size += doc.size + 1
+        while self.size > self.max_tokens and self.docs:
+            self.size -= self.docs.popleft().size + 1
+        sep = np.array([SEP], dtype=np.int64)
+        self.text = np.concatenate([part for d in self.docs for part in (d, sep)]) if self.docs else self.text[:0]
+
+
+class SuffixDrafter:
+    """Model-free trees and chains from suffix matches (module docstring).
+
+    Args:
+        index: the global datastore (None: the request's own text, and the cache, only).
+        config: search and tree limits.
+        name: the spec string, for reports.
+    """
+
+    def __init__(self, index: SuffixIndex | None, config: SuffixConfig | None = None, name: str = "suffix") -> None:
+        self.index, self.config, self.name = index, config or SuffixConfig(), name
+        self.recent = RecentOutputs(self.config.cache)
+        self.prompt_length = 0
+        self.last_context: list[int] = []
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Start a request; the previous request's text (as far as it was drafted from) joins the
+        cross-request cache when it is on."""
+        if self.config.cache and self.last_context:
+            self.recent.add(self.last_context[max(0, self.prompt_length - 32) :])
+        self.prompt_length, self.last_context = len(prompt_ids), []
+
+    def step_seconds(self) -> None:
+        return None  # a lookup: no model (its measured cost is in docs/benchmarks.md)
+
+    def candidates(self, context: Sequence[int], budget: int) -> list[tuple[int, ...]]:
+        """The `budget` best continuation paths of `context`, parents first."""
+        cfg = self.config
+        self.last_context = list(context)
+        ids = np.asarray(context, dtype=np.int64)
+        parts = [trie_scores(scan_matches(ids, ids, len(ids) - 1, cfg.max_match, cfg.depth, cfg.max_rows)[1], budget)]
+        if self.index is not None:
+            n, lo, hi = self.index.longest_match(context, cfg.max_match)
+            parts.append(trie_scores(self.index.continuations(n, lo, hi, cfg.depth, cfg.max_rows), budget))
+        if self.recent.size:
+            text = self.recent.text
+            parts.append(
+                trie_scores(scan_matches(text, ids, len(text), cfg.max_match, cfg.depth, cfg.max_rows)[1], budget)
+            )
+        return merge_scores(parts, budget)
+
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
+        """The `shape.budget` best nodes (the shape's width does not apply: branching follows the data)."""
+        return paths_to_tree(self.candidates(context, shape.budget))
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal:
+        """The greedy path (most frequent child at every node) of up to `num_draft_tokens` tokens."""
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        paths = self.candidates(context, num_draft_tokens * CHAIN_TREE_FACTOR)
+        chosen: tuple[int, ...] = ()
+        for path in paths:  # parents first, best child first among siblings of one depth
+            if len(path) == len(chosen) + 1 and path[:-1] == chosen:
+                chosen = path
+        return Proposal(tokens=torch.tensor(list(chosen[:num_draft_tokens]), dtype=torch.long))
