@@ -93,6 +93,8 @@ def test_matches_never_cross_documents_and_long_matches_are_capped():
     assert index.longest_match([3, 4], 8)[0] == 1  # "3 4" spans a separator
     n, lo, hi = index.longest_match([2, 3], 8)
     assert n == 2 and index.continuations(n, lo, hi, 3, 10).tolist() == [[-1, -1, -1]]
+    assert trie_scores(index.continuations(n, lo, hi, 3, 10), 4) == {}  # regression: a match at a document's end
+    assert SuffixDrafter(index).candidates([9, 2, 3], 4) == []
     long = list(range(100))
     assert SuffixIndex(concat_documents([long + long])).longest_match(long, 100)[0] == SORTED_DEPTH
 

@@ -96,6 +96,8 @@ def trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
         scores.append(counts / m)
         depths.append(np.full(len(counts), d))
         firsts.append(np.flatnonzero(valid)[first])
+    if not scores:  # every occurrence ends its document: nothing follows
+        return {}
     score, dep, first = np.concatenate(scores), np.concatenate(depths), np.concatenate(firsts)
     best = np.lexsort((dep, -score))[:budget]
     return {tuple(rows[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
