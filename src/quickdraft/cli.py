@@ -110,6 +110,14 @@ def _format_stats(stats: dict) -> str:
     if extra.get("pearl_runs"):
         mat = extra["pearl_run_tokens"] / extra["pearl_runs"]
         lines.append(f"PEARL mean accepted     {mat:.3f}  (tokens per run of accepts up to a rejection)")
+    if extra.get("tree_budget_auto"):
+        lines.append(
+            f"draft tree              {extra['tree_budget_auto']} nodes (auto: sized from this host's verify costs)"
+        )
+    if extra.get("tree_auto_fallback_chain"):
+        lines.append("draft tree              none: a chain (trees need the native runtime and a lossless verifier)")
+    if extra.get("tree_auto_no_speculation"):
+        lines.append("speculation             off: no draft budget beats plain decoding on this host")
     if stats["lossy"]:
         lines.append(
             f"verification            LOSSY ({stats.get('verifier', 'lenient')}: "

@@ -78,7 +78,9 @@ class DraftConfig:
             "confidence" (stop drafting once the draft's top-1 probability falls below threshold).
         confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
         max_num_draft_tokens: upper bound for the heuristic schedule (default max(16, gamma)).
-        tree: node budget of a draft tree (0 = a chain of num_draft_tokens).
+        tree: node budget of a draft tree (0 = a chain of num_draft_tokens; None = auto: a budget
+            sized from this host's measured verify costs for drafters with a gain table (suffix),
+            a chain for the others).
         tree_width: dynamic trees: nodes expanded per depth and children per expanded node.
         tree_shape: "dynamic" (EAGLE-2: by cumulative draft probability) or static children per
             node by depth, e.g. "3,2,1" (or "3:2:1", which a bench method string can hold).
@@ -88,7 +90,7 @@ class DraftConfig:
     schedule: str = "fixed"
     confidence_threshold: float = 0.4
     max_num_draft_tokens: int | None = None
-    tree: int = 0
+    tree: int | None = None
     tree_width: int = 8
     tree_shape: str = "dynamic"
 
@@ -104,8 +106,7 @@ class DraftConfig:
         if self.max_num_draft_tokens < self.num_draft_tokens:
             raise QuickdraftError("max_num_draft_tokens must be >= num_draft_tokens")
         if (
-            not isinstance(self.tree, int)
-            or self.tree < 0
+            (self.tree is not None and (not isinstance(self.tree, int) or self.tree < 0))
             or not isinstance(self.tree_width, int)
             or self.tree_width < 1
         ):

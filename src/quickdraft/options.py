@@ -26,7 +26,8 @@ from quickdraft.models.runtime import DEVICES, RUNTIMES, resolve_device
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What an Engine runs and how it loads (defaults: speculative decoding with prompt lookup).
+    """What an Engine runs and how it loads (defaults: speculative decoding with suffix trees sized
+    for the host: the best lossless method measured, docs/benchmarks.md).
 
     Attributes:
         method: a name in `decoding.registry.METHODS` (ar, sd, pearl).
@@ -43,7 +44,7 @@ class EngineConfig:
     """
 
     method: str = "sd"
-    drafter: str = "ngram"
+    drafter: str = "suffix"
     draft: DraftConfig = field(default_factory=DraftConfig)
     verifier: str | None = None
     pearl: PearlConfig = field(default_factory=PearlConfig)
@@ -107,7 +108,8 @@ OPTIONS: dict[str, Option] = {
             "drafter",
             ("drafter",),
             str,
-            "ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | head[:PATH] | kangaroo[:PATH] | A+B",
+            "suffix[:PATH][;cache=N] | ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | head[:PATH] | "
+            "kangaroo[:PATH] | specdec[:PATH] | mag[:PATH] | csd[:LEVELS] | A+B",
         ),
         Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
         Option(
@@ -125,7 +127,14 @@ OPTIONS: dict[str, Option] = {
             "for the confidence schedule",
             aliases=("threshold",),
         ),
-        Option("draft_tree", ("draft", "tree"), int, "node budget of a draft tree (0 = a chain)", aliases=("tree",)),
+        Option(
+            "draft_tree",
+            ("draft", "tree"),
+            _int_or_auto,
+            "node budget of a draft tree: 0 = a chain, auto = sized from this host's measured verify costs "
+            "(suffix drafter; a chain for the others)",
+            aliases=("tree",),
+        ),
         Option("tree_width", ("draft", "tree_width"), int, "dynamic tree: nodes expanded per depth, children each"),
         Option(
             "tree_shape", ("draft", "tree_shape"), str, "dynamic (EAGLE-2) or static children per depth, e.g. 3,2,1"
@@ -224,7 +233,7 @@ def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> N
             type=kind,
             choices=opt.choices,
             default=argparse.SUPPRESS,
-            help=f"{opt.help} (default: {'auto' if name == 'gamma' and default is None else default})",
+            help=f"{opt.help} (default: {'auto' if default is None and opt.parse is _int_or_auto else default})",
         )
 
 

@@ -17,14 +17,16 @@ class Autoregressive:
     name = "ar"
     lossy = False
 
-    def __init__(self, target: CachedModel) -> None:
+    def __init__(self, target: CachedModel, events: dict[str, int] | None = None) -> None:
         self.target = target
+        self.events = dict(events or {})  # reported once, with the first token (why no speculation ran)
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         """Yield one Round per token until the consumer stops (EOS, stop string or budget)."""
         first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        first.events = dict(self.events)
         yield first
         token = first.tokens[0]
         while True:

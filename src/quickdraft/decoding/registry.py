@@ -60,17 +60,45 @@ def _ar(parts: DecodeParts, sampling: SamplingConfig):
     return Autoregressive(parts.target)
 
 
+def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int, dict[str, int]]:
+    """(budget, events) for `draft_tree` auto: a drafter with a gain table (expected tokens per
+    forward by budget: the suffix drafter) gets the budget that maximises expected tokens per second
+    on this host's measured verify-cost curve (models/cost_curve.py), once per engine; every other
+    drafter, a target without tree support (the HF runtime) and the lossy verifiers get a chain
+    (budget 0). The events say which, in the statistics."""
+    gain = getattr(parts.drafter, "tree_gain", None)
+    if not gain:
+        return 0, {}
+    if not hasattr(parts.target, "compact") or parts.config.verifier not in (None, "greedy", "speculative"):
+        return 0, {"tree_auto_fallback_chain": 1}
+    if "tree_budget" not in parts.memo:
+        from quickdraft.models.cost_curve import best_budget, cost_curve
+        from quickdraft.models.delta import SHIPPED_FOR
+
+        name = parts.target_name or ""
+        curve = cost_curve(parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR)
+        parts.memo["tree_budget"] = best_budget(curve, gain)
+    budget = parts.memo["tree_budget"]
+    return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
+
+
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
     draft = parts.config.draft
-    if draft.tree > 0:
+    budget, events = (draft.tree, {}) if draft.tree is not None else auto_tree_budget(parts, sampling)
+    if "tree_auto_no_speculation" in events:  # no budget beats plain decoding on this host
+        return Autoregressive(parts.target, events)
+    if budget > 0:
         if parts.config.verifier not in (None, "greedy" if sampling.greedy else "speculative"):
             raise QuickdraftError("token trees verify with the lossless rule only; drop --verifier")
         from quickdraft.decoding.tree import TreeDecoder
         from quickdraft.drafters.tree import TreeShape
 
-        return TreeDecoder(parts.target, parts.drafter, TreeShape(draft.tree, draft.tree_width, draft.tree_widths))
+        shape = TreeShape(budget, draft.tree_width, draft.tree_widths)
+        return TreeDecoder(parts.target, parts.drafter, shape, events)
     verifier = make_verifier(parts.config.verifier, sampling)
-    return SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft))
+    return SpeculativeDecoder(
+        parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events
+    )
 
 
 READS_TARGET = ("head", "kangaroo", "specdec")  # drafter kinds that read the target's states (drafters/reuse.py)

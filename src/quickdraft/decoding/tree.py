@@ -29,18 +29,20 @@ class TreeDecoder:
         target: a NativeCachedModel (tree masks and compaction).
         drafter: anything with `begin` and `propose_tree(context, shape, sampling, generator)`.
         shape: the tree's budget and shape.
+        events: reported once with the first token (an auto-sized budget: `tree_budget_auto`).
         lossy: always False (the tree rules are lossless).
     """
 
     name = "sd"
     lossy = False
 
-    def __init__(self, target, drafter, shape: TreeShape) -> None:
+    def __init__(self, target, drafter, shape: TreeShape, events: dict[str, int] | None = None) -> None:
         if not hasattr(target, "compact"):
             raise QuickdraftError("token trees need the native runtime for the target (--runtime auto|native)")
         if not hasattr(drafter, "propose_tree"):
             raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
         self.target, self.drafter, self.shape = target, drafter, shape
+        self.events = dict(events or {})
         self.keep_hidden = bind_target(drafter, target)  # a feature head reads the target's states
         self.verifier = SimpleNamespace(name="tree", lossy=False)
 
@@ -49,6 +51,7 @@ class TreeDecoder:
     ) -> Iterator[Round]:
         self.drafter.begin(prompt_ids)
         first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.keep_hidden)
+        first.events = dict(self.events)
         observe_target(self.drafter, self.target, len(prompt_ids))
         yield first
         context = list(prompt_ids) + first.tokens

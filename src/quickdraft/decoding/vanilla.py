@@ -39,8 +39,10 @@ class SpeculativeDecoder:
         drafter: Drafter,
         verifier: Verifier,
         make_policy: Callable[[], DraftPolicy],
+        events: dict[str, int] | None = None,
     ) -> None:
         self.target, self.drafter, self.verifier, self.make_policy = target, drafter, verifier, make_policy
+        self.events = dict(events or {})  # reported once with the first token (a tree that fell back)
         self.lossy = verifier.lossy
         self.keep_hidden = bind_target(drafter, target)
 
@@ -51,6 +53,7 @@ class SpeculativeDecoder:
         policy = self.make_policy()
         self.drafter.begin(prompt_ids)
         first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.keep_hidden)
+        first.events = dict(self.events)
         observe_target(self.drafter, self.target, len(prompt_ids))
         yield first
         context = list(prompt_ids) + first.tokens

@@ -15,6 +15,7 @@ Adding a drafter kind: its syntax in `spec.SYNTAX`, its builder in `BUILDERS`. N
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,6 +94,12 @@ def _suffix(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) ->
 
     path, options = parse_suffix(spec.arg)
     folder = shipped_datastore(target) if path is None else (None if path == "none" else Path(path).expanduser())
+    if path is None and folder is None:
+        print(
+            f"quickdraft: no suffix datastore ships for {target.name}: drafting from the request's own text "
+            "(build one with `quickdraft build-datastore`)",
+            file=sys.stderr,
+        )
     index = None if folder is None else load_datastore(folder, target.vocab_size)
     return SuffixDrafter(index, SuffixConfig(**options), name=str(spec))
 

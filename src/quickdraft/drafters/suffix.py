@@ -37,6 +37,10 @@ from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this many nodes
+# Expected tokens per target forward by tree budget (greedy, the default target's held-out SeqKD
+# prompts, 13 x 64 tokens: scripts/suffix_offline.py on docs/bench/heldout-reuse), the gain side of
+# the host-sized budget (`draft_tree` auto, models/cost_curve.py); only the curve's shape matters.
+TREE_GAIN = {1: 1.50, 4: 2.07, 8: 2.30, 16: 2.47, 32: 2.59}
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,15 @@ class RecentOutputs:
 class SuffixDrafter:
     """Model-free trees and chains from suffix matches (module docstring).
 
+    `tree_gain` (expected tokens per forward by budget) makes `draft_tree` auto size its trees.
+
     Args:
         index: the global datastore (None: the request's own text, and the cache, only).
         config: search and tree limits.
         name: the spec string, for reports.
     """
+
+    tree_gain = TREE_GAIN
 
     def __init__(self, index: SuffixIndex | None, config: SuffixConfig | None = None, name: str = "suffix") -> None:
         self.index, self.config, self.name = index, config or SuffixConfig(), name

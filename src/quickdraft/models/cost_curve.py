@@ -1,0 +1,105 @@
+"""The host's verify-cost curve and the tree budget it implies.
+
+Verifying a tree of b nodes is one target forward over b + 1 rows, whose cost relative to one row
+depends on the host (AVX-512-BF16 vs AVX2 kernels), the dtype and the threads, and is not flat or
+even monotone (kernels switch by row count). `cost_curve` measures it once per process (interleaved
+across widths, so drift hits every width alike) and, for the embedded default target, once per host
+in the cache folder. `best_budget` picks the budget that maximises expected tokens per second:
+expected tokens per forward (a drafter's measured gain table) over the forward's relative cost.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import time
+
+import torch
+
+WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
+_MEMO: dict[str, dict[int, float]] = {}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_key(model_name: str, dtype: str) -> str:
+    """What a measured curve depends on: CPU model and kernels, threads, torch, dtype, model."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    raw = f"{_cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{dtype}-{model_name}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+
+
+def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 5) -> dict[int, float]:
+    """{rows: median seconds of a forward over that many new rows / that of one row}, measured after
+    `context` cached tokens; the cache is reset afterwards. model: a cache owner (extend/rollback)."""
+    probe = [3 + i % max(1, model.vocab_size - 3) for i in range(context)]
+    model.reset()
+    model.extend(probe)
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(repeats + 1):
+        for w in widths:
+            model.rollback(context)
+            start = time.perf_counter()
+            model.extend(probe[:w])
+            times[w].append(time.perf_counter() - start)
+    model.reset()
+    base = statistics.median(times[widths[0]][1:])  # the first pass warms up
+    return {w: statistics.median(times[w][1:]) / base for w in widths}
+
+
+def cost_curve(model, model_name: str, dtype: str, persist: bool) -> dict[int, float]:
+    """The measured curve for this target on this host: memoised per process, and in the cache
+    folder when `persist` (the embedded default; other targets are measured once per process)."""
+    key = host_key(model_name, dtype)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = None
+    if persist:
+        from quickdraft.models.default import cache_dir
+
+        path = cache_dir() / "costs" / f"{key}.json"
+        if path.is_file():
+            _MEMO[key] = {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+            return _MEMO[key]
+    curve = measure_cost_curve(model)
+    _MEMO[key] = curve
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({str(k): round(v, 4) for k, v in curve.items()}) + "\n")
+    return curve
+
+
+def relative_cost(curve: dict[int, float], rows: int) -> float:
+    """The curve at `rows`, linear between measured widths (beyond the last: its slope continued)."""
+    widths = sorted(curve)
+    if rows in curve:
+        return curve[rows]
+    below = [w for w in widths if w < rows] or widths[:1]
+    above = [w for w in widths if w > rows] or widths[-2:]
+    lo, hi = below[-1], above[0] if above[0] > below[-1] else above[-1]
+    if hi == lo:
+        return curve[lo]
+    return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+
+
+def best_budget(curve: dict[int, float], gain: dict[int, float], limit: int | None = None) -> int:
+    """The budget b (a key of `gain`, <= limit) maximising gain[b] / relative_cost(b + 1); 0 when
+    no budget beats plain decoding (1 token per forward at cost 1)."""
+    best, best_rate = 0, 1.0
+    for budget, tokens in sorted(gain.items()):
+        if limit is not None and budget > limit:
+            continue
+        rate = tokens / relative_cost(curve, budget + 1)
+        if rate > best_rate * 1.0001:
+            best, best_rate = budget, rate
+    return best
