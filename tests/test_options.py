@@ -12,7 +12,8 @@ from quickdraft.server import ServeConfig
 
 def test_defaults_are_one_set():
     cfg = EngineConfig()
-    assert (cfg.method, cfg.drafter, cfg.draft.num_draft_tokens, cfg.dtype) == ("sd", "ngram", 4, "bfloat16")
+    assert (cfg.method, cfg.drafter, cfg.draft.num_draft_tokens, cfg.dtype) == ("sd", "suffix", 4, "bfloat16")
+    assert cfg.draft.tree is None  # auto: a host-sized tree for the suffix drafter, a chain for the others
     assert cfg.pearl.parallel is False  # the same in the CLI, the server and the bench
     assert options_from({}) == cfg
     assert ServeConfig.from_settings({}).engine == cfg

@@ -80,16 +80,15 @@ def cost_curve(model, model_name: str, dtype: str, persist: bool) -> dict[int, f
 
 
 def relative_cost(curve: dict[int, float], rows: int) -> float:
-    """The curve at `rows`, linear between measured widths (beyond the last: its slope continued)."""
+    """The curve at `rows`, linear between measured widths (beyond the last: its last slope continued)."""
     widths = sorted(curve)
-    if rows in curve:
-        return curve[rows]
-    below = [w for w in widths if w < rows] or widths[:1]
-    above = [w for w in widths if w > rows] or widths[-2:]
-    lo, hi = below[-1], above[0] if above[0] > below[-1] else above[-1]
-    if hi == lo:
-        return curve[lo]
-    return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+    if rows <= widths[0] or len(widths) == 1:
+        return curve[widths[0]] if rows <= widths[0] else curve[widths[-1]]
+    for lo, hi in zip(widths, widths[1:]):
+        if rows <= hi:
+            return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+    lo, hi = widths[-2], widths[-1]
+    return curve[hi] + (curve[hi] - curve[lo]) * (rows - hi) / (hi - lo)
 
 
 def best_budget(curve: dict[int, float], gain: dict[int, float], limit: int | None = None) -> int:

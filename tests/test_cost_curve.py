@@ -1,0 +1,73 @@
+"""The host-sized tree budget: interpolation of the cost curve, the budget choice on pinned curves
+(never this host's), and `draft_tree` auto through the engine (a chain where trees cannot run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from quickdraft import Engine
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.drafters.suffix import TREE_GAIN, SuffixDrafter
+from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
+from quickdraft.models import cost_curve
+from quickdraft.models.cost_curve import best_budget, measure_cost_curve, relative_cost
+from quickdraft.options import options_from
+
+from conftest import tiny_llama
+
+# measured shapes (issue #24): AVX-512-BF16 EPYC with a 200-token cache, and an AVX2-only host
+AVX512 = {1: 1.0, 2: 1.03, 3: 1.08, 5: 1.14, 9: 1.12, 13: 1.38, 17: 1.68, 25: 1.8, 33: 1.85}
+AVX2 = {1: 1.0, 2: 1.38, 3: 1.79, 5: 2.66, 9: 4.2, 13: 5.7, 17: 7.15, 25: 10.0, 33: 13.0}
+
+
+def test_relative_cost_interpolates_and_extrapolates():
+    assert relative_cost(AVX2, 2) == 1.38
+    assert relative_cost(AVX2, 4) == pytest.approx((1.79 + 2.66) / 2)
+    assert relative_cost({1: 1.0, 3: 2.0}, 5) == pytest.approx(3.0)  # the last slope continued
+
+
+def test_budget_follows_the_curve():
+    assert best_budget(AVX512, TREE_GAIN) == 8  # flat to 9 rows: a tree of 8
+    assert best_budget(AVX2, TREE_GAIN) == 1  # 2 rows cost 1.38 steps: one draft at most
+    assert best_budget({w: float(w) for w in (1, 2, 5, 9)}, TREE_GAIN) == 0  # nothing pays
+    assert best_budget(AVX512, TREE_GAIN, limit=4) == 4
+
+
+def _auto_engine(target, monkeypatch, curve, **options):
+    monkeypatch.setattr(cost_curve, "_MEMO", {cost_curve.host_key(target.name, "bfloat16"): curve})
+    index = SuffixIndex(concat_documents([[1, 2, 3, 4, 5, 6, 7, 8] * 4]))
+    return Engine(target, options_from(options), drafter=SuffixDrafter(index))
+
+
+def test_auto_budget_through_the_engine_is_reported(monkeypatch):
+    target = tiny_llama(vocab=64, layers=2, seed=3)
+    out = _auto_engine(target, monkeypatch, AVX512).generate_ids([1, 2, 3], SamplingConfig(), StopConfig(12))
+    assert out.stats.extra["tree_budget_auto"] == 8 and out.stats.extra["tree_rounds"] > 0
+    out = _auto_engine(target, monkeypatch, {1: 1.0, 2: 3.0, 5: 6.0, 9: 9.0}).generate_ids(
+        [1, 2, 3], SamplingConfig(), StopConfig(12)
+    )
+    assert out.stats.extra == {"tree_auto_no_speculation": 1} and out.stats.num_draft_tokens == 0
+
+
+def test_auto_falls_back_to_a_chain_on_the_hf_runtime(monkeypatch):
+    target = tiny_llama(vocab=64, layers=2, seed=3)
+    engine = _auto_engine(target, monkeypatch, AVX512, runtime="hf")
+    out = engine.generate_ids([1, 2, 3, 4, 5, 6, 7], SamplingConfig(), StopConfig(12))
+    assert out.stats.extra.get("tree_auto_fallback_chain") == 1 and "tree_rounds" not in out.stats.extra
+    assert out.stats.num_draft_tokens > 0  # still speculating, as a chain
+
+
+def test_other_drafters_keep_chains_under_auto():
+    target = tiny_llama(vocab=64, layers=2, seed=3)
+    out = Engine(target, options_from({"drafter": "ngram"})).generate_ids(
+        [1, 2, 1, 2, 1], SamplingConfig(), StopConfig(8)
+    )
+    assert "tree_rounds" not in out.stats.extra and "tree_budget_auto" not in out.stats.extra
+
+
+def test_measured_curve_has_every_width():
+    from quickdraft.models.runtime import cached_model
+
+    target = tiny_llama(vocab=64, layers=1, seed=3)
+    curve = measure_cost_curve(cached_model(target.model, 64), widths=(1, 2, 5), context=16, repeats=2)
+    assert set(curve) == {1, 2, 5} and curve[1] == 1.0 and all(v > 0 for v in curve.values())
