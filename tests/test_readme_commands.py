@@ -77,6 +77,11 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --temperature 0.8 --top-p 0.95 --top-k 50 --seed 1 --json", SMALL),
         Step("quickdraft generate ... --runtime hf", SMALL),
         Step("quickdraft generate ... --drafter distilled --draft-tree 16", SMALL),
+        Step("quickdraft generate ... --drafter suffix --draft-tree 16", SMALL),
+        Step(
+            "quickdraft generate 'Repeat twice: to be or not to be.' --drafter suffix:none --draft-tree 0 --draft-length 4",
+            SMALL,
+        ),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
         Step("quickdraft generate ... --drafter head --draft-length 4", SMALL),
         Step("quickdraft generate ... --drafter head --draft-tree 16", SMALL),
@@ -147,6 +152,14 @@ GROUPS: dict[str, list[Step]] = {
         _tiny("quickdraft generate Hello --drafter head:runs/heads/head", SMALL),
         _tiny("quickdraft generate Hello --drafter kangaroo:runs/heads/kangaroo", SMALL),
         _tiny("quickdraft generate Hello --drafter specdec:runs/heads/specdec", SMALL),
+    ],
+    "suffix": [
+        _tiny(
+            "quickdraft build-datastore --data ../shared/data/seqkd --output runs/datastore",
+            "--no-progress",
+            **{"../shared/data/seqkd": "SEQKD"},
+        ),
+        _tiny("quickdraft generate Hello --drafter suffix:runs/datastore --draft-tree 8", SMALL),
     ],
     "cs-drafting": [
         _tiny(

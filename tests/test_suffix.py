@@ -292,3 +292,16 @@ def test_suffix_none_and_a_built_datastore_through_make_drafter(target, tmp_path
     folder = save_datastore(concat_documents([[1, 2, 3]]), tmp_path / "ds", {"vocab_size": 64})
     drafter = make_drafter(f"suffix:{folder};cache=64", target)
     assert drafter.index is not None and drafter.config.cache == 64 and drafter.name.startswith("suffix:")
+
+
+def test_the_server_turns_the_cross_request_cache_on():
+    from quickdraft.drafters.spec import with_suffix_cache
+    from quickdraft.server import SERVER_SUFFIX_CACHE, ServeConfig, engine_loader
+
+    assert with_suffix_cache("suffix", 10) == "suffix:;cache=10"
+    assert with_suffix_cache("ngram+suffix:/x;cache=5", 10) == "ngram+suffix:/x;cache=5"  # the user's choice wins
+    assert with_suffix_cache("distilled", 10) == "distilled"
+    assert parse_suffix(with_suffix_cache("suffix:/x", SERVER_SUFFIX_CACHE).split(":", 1)[1])[1] == {
+        "cache": SERVER_SUFFIX_CACHE
+    }
+    assert callable(engine_loader(ServeConfig()))

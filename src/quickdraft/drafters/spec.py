@@ -186,3 +186,14 @@ def parse_drafter_spec(text: str) -> tuple[DrafterSpec, ...]:
     if not all(stages):
         raise QuickdraftError(f"drafter {text!r}: empty stage in a '+' chain")
     return tuple(_parse_stage(stage, text) for stage in stages)
+
+
+def with_suffix_cache(text: str, tokens: int) -> str:
+    """`text` with `cache=tokens` added to its suffix stages that set no cache (the server's default:
+    drafting from earlier requests' outputs too)."""
+    stages = []
+    for stage in parse_drafter_spec(text):
+        if stage.kind == "suffix" and "cache" not in parse_suffix(stage.arg)[1]:
+            stage = DrafterSpec("suffix", f"{stage.arg or ''};cache={tokens}", stage.dtype)
+        stages.append(str(stage))
+    return "+".join(stages)

@@ -84,7 +84,7 @@ def relative_cost(curve: dict[int, float], rows: int) -> float:
     widths = sorted(curve)
     if rows <= widths[0] or len(widths) == 1:
         return curve[widths[0]] if rows <= widths[0] else curve[widths[-1]]
-    for lo, hi in zip(widths, widths[1:]):
+    for lo, hi in zip(widths, widths[1:], strict=False):
         if rows <= hi:
             return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
     lo, hi = widths[-2], widths[-1]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from quickdraft.decoding.registry import METHODS
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTIONS, EngineConfig, options_from
 
@@ -58,11 +59,20 @@ def load_config_file(path: str) -> dict:
     return data
 
 
+SERVER_SUFFIX_CACHE = 65536  # tokens of earlier requests' outputs the server's suffix drafter keeps
+
+
 def engine_loader(cfg: ServeConfig):
     """A function that loads the engine (run in the background while /health says 503)."""
+    from dataclasses import replace
+
+    from quickdraft.drafters.spec import with_suffix_cache
     from quickdraft.engine import Engine
 
-    return lambda: Engine.load(config=cfg.engine)
+    engine = cfg.engine
+    if METHODS[engine.method].uses_drafter:  # the suffix drafter also drafts from earlier requests here
+        engine = replace(engine, drafter=with_suffix_cache(engine.drafter, SERVER_SUFFIX_CACHE))
+    return lambda: Engine.load(config=engine)
 
 
 def serve(cfg: ServeConfig) -> None:
