@@ -79,7 +79,8 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --drafter distilled --draft-tree 16", SMALL),
         Step("quickdraft generate ... --drafter suffix --draft-tree 16", SMALL),
         Step(
-            "quickdraft generate 'Repeat twice: to be or not to be.' --drafter suffix:none --draft-tree 0 --draft-length 4",
+            "quickdraft generate 'Repeat twice: to be or not to be.' --drafter suffix:none --draft-tree 0 "
+            "--draft-length 4",
             SMALL,
         ),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models.linear import Linear, packed_pays
+
 
 def unsupported_reason(model) -> str | None:
     """Why the native forward cannot run `model` (None: it can)."""
@@ -39,14 +41,14 @@ def unsupported_reason(model) -> str | None:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
     mlp_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: Linear
+    up: Linear
+    down: Linear
 
 
 class StaticKV:
@@ -96,17 +98,20 @@ class NativeLlama:
         self.max_length = int(cfg.max_position_embeddings)
         self.embed = inner.embed_tokens.weight
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (models/linear.py)
+        pack = self.dtype == torch.bfloat16 and self.device.type == "cpu" and packed_pays()
+        self.packed = pack
         self.layers = [
             _Layer(
                 block.input_layernorm.weight,
-                block.self_attn.q_proj.weight,
-                block.self_attn.k_proj.weight,
-                block.self_attn.v_proj.weight,
-                block.self_attn.o_proj.weight,
+                Linear(block.self_attn.q_proj.weight, pack),
+                Linear(block.self_attn.k_proj.weight, pack),
+                Linear(block.self_attn.v_proj.weight, pack),
+                Linear(block.self_attn.o_proj.weight, pack),
                 block.post_attention_layernorm.weight,
-                block.mlp.gate_proj.weight,
-                block.mlp.up_proj.weight,
-                block.mlp.down_proj.weight,
+                Linear(block.mlp.gate_proj.weight, pack),
+                Linear(block.mlp.up_proj.weight, pack),
+                Linear(block.mlp.down_proj.weight, pack),
             )
             for block in inner.layers
         ]
@@ -139,9 +144,9 @@ class NativeLlama:
 
     def _attention(self, layer: int, w: _Layer, x, cache: StaticKV, at: int, cos, sin, mask) -> torch.Tensor:
         n = x.shape[0]
-        q = F.linear(x, w.wq).view(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
-        k = F.linear(x, w.wk).view(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
-        v = F.linear(x, w.wv).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        q = w.wq(x).view(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
+        k = w.wk(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
+        v = w.wv(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         cache.k[layer, :, at : at + n] = k
         cache.v[layer, :, at : at + n] = v
@@ -149,7 +154,7 @@ class NativeLlama:
         out = F.scaled_dot_product_attention(
             q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
         )  # (1, H, n, d)
-        return F.linear(out[0].transpose(0, 1).reshape(n, self.heads * self.head_dim), w.wo)
+        return w.wo(out[0].transpose(0, 1).reshape(n, self.heads * self.head_dim))
 
     def forward(
         self,
@@ -200,7 +205,7 @@ class NativeLlama:
             w = self.layers[i]
             x = x + self._attention(i, w, self.rms_norm(x, w.attn_norm), cache, at, cos, sin, mask)
             h = self.rms_norm(x, w.mlp_norm)
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+            x = x + w.down(F.silu(w.gate(h)) * w.up(h))
         if stop in keep_hidden:
             kept[stop] = x
         if stop == self.num_layers:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from quickdraft.models.cached_model import TokenCacheVerbs, check_head_ids, scatter_head
+from quickdraft.models.linear import Linear
 from quickdraft.models.native import NativeLlama
 
 
@@ -51,6 +51,7 @@ class NativeCachedModel(TokenCacheVerbs):
             self.head = self.net.head[self.head_ids].contiguous()  # (K, H)
         else:
             self.head = self.net.head[: self.vocab_size]  # a view: drops a padded tail, no copy
+        self.head_linear = Linear(self.head, self.net.packed)  # packed where the blocks are
 
     @property
     def length(self) -> int:
@@ -67,7 +68,7 @@ class NativeCachedModel(TokenCacheVerbs):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) final-normed states -> (n, V) logits (-inf off a restricted head's ids)."""
-        sub = F.linear(hidden, self.head)
+        sub = self.head_linear(hidden)
         return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
 
     @torch.inference_mode()

@@ -1,0 +1,57 @@
+"""The native runtime's linear layer: the packed oneDNN path equals F.linear, and is used only where asked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quickdraft.models import linear
+from quickdraft.models.linear import Linear, packed_pays
+from quickdraft.models.native_cache import NativeCachedModel
+
+from conftest import tiny_llama
+
+needs_bf16 = pytest.mark.skipif(not linear._supported(), reason="oneDNN bf16 kernels are not available on this CPU")
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_packed_equals_f_linear(rows):
+    w = torch.randn(96, 64, dtype=torch.bfloat16)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    packed = Linear(w, pack=True)
+    assert packed.packed is not None
+    torch.testing.assert_close(packed(x), F.linear(x, w), rtol=1e-2, atol=1e-2)
+
+
+def test_unpacked_where_not_bf16_or_gradients_are_needed():
+    w = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    assert Linear(w, pack=True).packed is None  # float64: always F.linear, read in place
+    if linear._supported():
+        wb = torch.randn(8, 4, dtype=torch.bfloat16)
+        x = torch.randn(2, 4, dtype=torch.bfloat16, requires_grad=True)
+        Linear(wb, pack=True)(x).sum().backward()  # the packed kernel has no backward: F.linear is used
+        assert x.grad is not None
+
+
+def test_the_switch_forces_the_choice(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "0")
+    assert packed_pays() is False
+    target = tiny_llama(vocab=64, layers=1, dtype=torch.bfloat16)
+    assert NativeCachedModel(target.model, 64).net.packed is False
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "1")
+    assert packed_pays() is linear._supported()
+
+
+@needs_bf16
+def test_packed_native_forward_equals_unpacked(monkeypatch):
+    target = tiny_llama(vocab=64, layers=2, hidden=64, dtype=torch.bfloat16)
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "0")
+    plain = NativeCachedModel(target.model, 64)
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "1")
+    packed = NativeCachedModel(target.model, 64)
+    assert packed.net.packed and not plain.net.packed
+    with torch.inference_mode():
+        for tokens in ([1, 2, 3, 4, 5, 6], [7], [8, 9, 10]):
+            torch.testing.assert_close(packed.extend(tokens), plain.extend(tokens), rtol=2e-2, atol=2e-2)
