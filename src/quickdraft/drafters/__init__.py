@@ -33,6 +33,7 @@ from quickdraft.drafters.spec import (
     ngram_sizes,
     parse_cascade,
     parse_drafter_spec,
+    parse_mix,
     parse_suffix,
 )
 from quickdraft.models.delta import load_delta, shipped_delta_dir
@@ -104,6 +105,16 @@ def _suffix(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) ->
     return SuffixDrafter(index, SuffixConfig(**options), name=str(spec))
 
 
+def _mix(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    """The shipped suffix datastore's drafter and the model stage (default the feature head) in one tree."""
+    from quickdraft.drafters.mixed import MixedTreeDrafter
+
+    stage = parse_mix(spec.arg)
+    suffix = _suffix(DrafterSpec("suffix"), target, "", runtime)
+    model = BUILDERS[stage.kind](stage, target, stage.dtype or (dtype if stage.kind == "model" else ""), runtime)
+    return MixedTreeDrafter(suffix, model, name=str(spec))
+
+
 def _csd(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     cascade = parse_cascade(spec.arg)
     levels = [
@@ -121,6 +132,7 @@ BUILDERS: dict[str, Builder] = {
     "mag": _mag,
     "csd": _csd,
     "suffix": _suffix,
+    "mix": _mix,
 }
 DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"

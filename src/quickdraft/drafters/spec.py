@@ -13,7 +13,8 @@ runtime; `mag[:PATH]` (CS Drafting's MaG: prompt lookup, then a bigram table of 
 and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`); `specdec[:PATH]`
 (SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`);
 `suffix[:PATH][;cache=N]...` (model-free suffix-match trees over the request's text and a datastore
-of the target's own text: `parse_suffix`). Every surface (CLI,
+of the target's own text: `parse_suffix`); `mix[:STAGE]` (suffix branches and a model drafter's in
+one tree, default the feature head: `drafters/mixed.py`). Every surface (CLI,
 server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
 with the same message before any model loads.
 """
@@ -76,8 +77,17 @@ SYNTAX: dict[str, KindSyntax] = {
     "specdec": KindSyntax("specdec[:PATH]", lambda arg: None),
     "mag": KindSyntax("mag[:PATH]", lambda arg: None, has_model=False),
     "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
+    "mix": KindSyntax("mix[:STAGE]", lambda arg: parse_mix(arg), has_model=False),
     "suffix": KindSyntax("suffix[:PATH][;cache=N][;match=M][;depth=D]", lambda arg: parse_suffix(arg), has_model=False),
 }
+
+
+def parse_mix(arg: str | None) -> DrafterSpec:
+    """`mix[:STAGE]`: suffix branches plus the tree-drafting STAGE's (default `head`, the feature head)."""
+    stage = _parse_stage(arg or "head", f"mix:{arg or 'head'}")
+    if stage.kind in ("mix", "suffix", "csd", "ngram", "mag"):
+        raise QuickdraftError(f"drafter 'mix:{arg}': the second source must be a model drafter (head, distilled, ...)")
+    return stage
 
 
 def parse_suffix(arg: str | None) -> tuple[str | None, dict[str, int]]:

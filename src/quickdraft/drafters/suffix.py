@@ -176,21 +176,31 @@ class SuffixDrafter:
     def step_seconds(self) -> None:
         return None  # a lookup: no model (its measured cost is in docs/benchmarks.md)
 
-    def candidates(self, context: Sequence[int], budget: int) -> list[tuple[int, ...]]:
-        """The `budget` best continuation paths of `context`, parents first."""
+    def scored(self, context: Sequence[int], budget: int) -> tuple[dict[tuple[int, ...], float], int]:
+        """({path: score} of the `budget` best continuation paths of `context`, the longest match
+        length over the sources)."""
         cfg = self.config
         self.last_context = list(context)
         ids = np.asarray(context, dtype=np.int64)
-        parts = [trie_scores(scan_matches(ids, ids, len(ids) - 1, cfg.max_match, cfg.depth, cfg.max_rows)[1], budget)]
+        n, rows = scan_matches(ids, ids, len(ids) - 1, cfg.max_match, cfg.depth, cfg.max_rows)
+        parts, longest = [trie_scores(rows, budget)], n
         if self.index is not None:
             n, lo, hi = self.index.longest_match(context, cfg.max_match)
             parts.append(trie_scores(self.index.continuations(n, lo, hi, cfg.depth, cfg.max_rows), budget))
+            longest = max(longest, n)
         if self.recent.size:
             text = self.recent.text
-            parts.append(
-                trie_scores(scan_matches(text, ids, len(text), cfg.max_match, cfg.depth, cfg.max_rows)[1], budget)
-            )
-        return merge_scores(parts, budget)
+            n, rows = scan_matches(text, ids, len(text), cfg.max_match, cfg.depth, cfg.max_rows)
+            parts.append(trie_scores(rows, budget))
+            longest = max(longest, n)
+        best: dict[tuple[int, ...], float] = {}
+        for path in merge_scores(parts, budget):
+            best[path] = max(part.get(path, 0.0) for part in parts)
+        return best, longest
+
+    def candidates(self, context: Sequence[int], budget: int) -> list[tuple[int, ...]]:
+        """The `budget` best continuation paths of `context`, parents first."""
+        return merge_scores([self.scored(context, budget)[0]], budget)
 
     def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
         """The `shape.budget` best nodes (the shape's width does not apply: branching follows the data)."""

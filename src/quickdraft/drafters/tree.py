@@ -15,6 +15,7 @@ Prompt lookup contributes the continuations of several earlier matches, merged i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,6 +118,7 @@ def grow_tree(root_logits: torch.Tensor, expand, shape: TreeShape, sampling: Sam
         order = sorted(range(len(new)), key=lambda j: -cum[new[j]])
         keep = order if shape.widths is not None else order[: shape.width]
         frontier = [(new[j], logits[j]) for j in sorted(keep)]
+    tree.scores = [math.exp(c) for c in cum[: len(tree)]]  # path probabilities under the draft
     return tree
 
 

@@ -36,11 +36,13 @@ class TokenTree:
         parents: parent index per node, -1 for children of the root.
         q_rows: {parent index (-1 = root): (V,) the draft's processed distribution there} for the
             parents whose children were sampled from it; absent = deterministic children.
+        scores: optional per-node draft probability of the node's whole path (for merging trees).
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     q_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    scores: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
