@@ -187,3 +187,14 @@ def test_runner_reports_tree_statistics(tiny_model_dir, prompt_file, tmp_path):
     assert "tree nodes" in (tmp_path / "out" / "report.md").read_text()
     assert set(summary["machine"]) >= {"cpu_flags", "device", "torch"}
     assert summary["config"]["runtime"] == "auto"
+
+
+def test_hf_assisted_defaults_to_prompt_lookup_and_refuses_model_free_drafters(tiny_target):
+    from quickdraft.bench.methods import HFAssisted, parse_methods
+    from quickdraft.errors import QuickdraftError
+
+    (spec,) = parse_methods("hf-assisted")
+    assert HFAssisted(spec, tiny_target, "float32").kwargs == {"prompt_lookup_num_tokens": 4}
+    (spec,) = parse_methods("hf-assisted:drafter=suffix:none")
+    with pytest.raises(QuickdraftError, match="hf-assisted takes"):
+        HFAssisted(spec, tiny_target, "float32")

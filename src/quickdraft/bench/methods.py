@@ -176,7 +176,7 @@ class HFAssisted:
         self.kwargs: dict = {}
         if not self.speculative:
             return
-        drafter = spec.get("drafter", OPTIONS["drafter"].default)
+        drafter = spec.get("drafter", "ngram")  # transformers' own prompt lookup: the peer of our default
         k = _int(spec, "draft_length", OPTIONS["draft_length"].default)
         schedule = spec.get("schedule", "constant")
         if schedule not in ("constant", "heuristic"):
@@ -185,6 +185,8 @@ class HFAssisted:
             self.kwargs["prompt_lookup_num_tokens"] = k
         else:
             draft = make_drafter(drafter, target, dtype)
+            if not hasattr(draft, "model"):
+                raise QuickdraftError(f"{spec.text}: hf-assisted takes drafter=ngram or a draft model, not {drafter}")
             assistant = draft.model.model
             assistant.generation_config.num_assistant_tokens = k
             assistant.generation_config.num_assistant_tokens_schedule = schedule
