@@ -493,3 +493,14 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(client, 
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "b" * 30000}]})
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
     good(client)
+
+
+def test_export_maps_the_suffix_drafter_to_vllms_suffix_method():
+    from quickdraft.export import vllm_speculative_config
+
+    assert vllm_speculative_config("suffix", 4) == {
+        "method": "suffix",
+        "num_speculative_tokens": 4,
+        "suffix_decoding_max_tree_depth": 8,
+    }
+    assert vllm_speculative_config("suffix:/x;depth=12", 6)["suffix_decoding_max_tree_depth"] == 12
