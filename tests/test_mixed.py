@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from test_distribution import _pair_pvalues
+from test_suffix import sample_generations, walk_index
 from test_tree import MarkovTree
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.decoding import Generators, collect
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import ModelDrafter, make_drafter
 from quickdraft.drafters.mixed import MixedTreeDrafter, tree_paths
@@ -82,21 +82,8 @@ N = 5000
 
 
 def _mixed_samples(p, q, mixer_cls=MixedTreeDrafter, length=5, prompt=(0, 1, 2)):
-    g = torch.Generator().manual_seed(11)
-    walk, x = [], 0
-    for _ in range(600):
-        x = int(torch.multinomial(p[x], 1, generator=g))
-        walk.append(x)
-    mixed = mixer_cls(SuffixDrafter(SuffixIndex(concat_documents([walk]))), ModelDrafter(MarkovTree(q)), min_match=5)
-    decoder = TreeDecoder(MarkovTree(p), mixed, TreeShape(5, width=2))
-    out, nodes = [], 0
-    for i in range(N):
-        res = collect(
-            decoder.rounds(list(prompt), SamplingConfig(temperature=1.0), length, Generators.from_seed(i)),
-            StopConfig(length),
-        )
-        out.append(res.token_ids)
-        nodes += res.stats.num_draft_tokens
+    mixed = mixer_cls(SuffixDrafter(walk_index(p, 600, 11)), ModelDrafter(MarkovTree(q)), min_match=5)
+    out, nodes, _ = sample_generations(TreeDecoder(MarkovTree(p), mixed, TreeShape(5, width=2)), prompt, length, N)
     assert nodes > N
     return out, mixed.rounds_by_source
 

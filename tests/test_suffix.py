@@ -212,15 +212,20 @@ V = 6
 N = 5000
 
 
-def _suffix_tree_samples(p, shape, length, prompt, seed_text=7):
-    rng = torch.Generator().manual_seed(seed_text)
+def walk_index(p: torch.Tensor, length: int, seed: int) -> SuffixIndex:
+    """A datastore of the target chain's own text: one walk of `length` tokens from state 0."""
+    rng = torch.Generator().manual_seed(seed)
     walk, x = [], 0
-    for _ in range(3000):  # the datastore: the target chain's own text
+    for _ in range(length):
         x = int(torch.multinomial(p[x], 1, generator=rng))
         walk.append(x)
-    decoder = TreeDecoder(MarkovTree(p), SuffixDrafter(SuffixIndex(concat_documents([walk]))), shape)
+    return SuffixIndex(concat_documents([walk]))
+
+
+def sample_generations(decoder, prompt, length: int, n: int = N) -> tuple[list[list[int]], int, int]:
+    """(n generations at T = 1 with seeds 0..n-1, drafted nodes, accepted drafts)."""
     out, nodes, accepted = [], 0, 0
-    for i in range(N):
+    for i in range(n):
         res = collect(
             decoder.rounds(list(prompt), SamplingConfig(temperature=1.0), length, Generators.from_seed(i)),
             StopConfig(length),
@@ -228,6 +233,12 @@ def _suffix_tree_samples(p, shape, length, prompt, seed_text=7):
         out.append(res.token_ids)
         nodes += res.stats.num_draft_tokens
         accepted += res.stats.num_accepted_draft_tokens
+    return out, nodes, accepted
+
+
+def _suffix_tree_samples(p, shape, length, prompt, seed_text=7):
+    decoder = TreeDecoder(MarkovTree(p), SuffixDrafter(walk_index(p, 3000, seed_text)), shape)
+    out, nodes, accepted = sample_generations(decoder, prompt, length)
     assert nodes > N and accepted > 0.1 * N  # trees were drafted and accepted
     return out
 
