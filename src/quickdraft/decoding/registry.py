@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from quickdraft.config import SamplingConfig
+from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
-from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
+from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
@@ -23,8 +23,17 @@ from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.timing import step_seconds
 from quickdraft.verifiers import make_verifier
 
-if TYPE_CHECKING:  # EngineConfig's module imports this one
-    from quickdraft.options import EngineConfig
+
+class DecodeOptions(Protocol):
+    """What decoders read of the engine's options (`options.EngineConfig` is one). A protocol, so
+    this module never imports the options module, which imports it for the method table."""
+
+    drafter: str
+    draft: DraftConfig
+    verifier: str | None
+    pearl: PearlConfig
+    dtype: str
+    runtime: str
 
 
 @dataclass
@@ -34,7 +43,7 @@ class DecodeParts:
 
     target: CachedModel
     drafter: Drafter | None
-    config: EngineConfig
+    config: DecodeOptions
     target_name: str | None = None
     memo: dict = field(default_factory=dict)
 
