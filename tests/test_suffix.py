@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_distribution import _pair_pvalues
-from test_tree import MarkovTree, _no_residual_update_tree
+from test_tree import MarkovTree
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
@@ -264,7 +264,6 @@ def test_suffix_tree_negative_control_fails(monkeypatch):
     p = random_transition(V, 9, concentration=0.5)
     samples = _suffix_tree_samples(p, TreeShape(6), 5, (0, 1, 2))
     assert min(_pair_pvalues(samples, 2, p, 5)) < 1e-8
-    _ = _no_residual_update_tree
 
 
 # --- datastore files and the spec --------------------------------------------------------------------

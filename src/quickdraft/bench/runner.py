@@ -21,6 +21,7 @@ from quickdraft.bench.methods import MethodSpec, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.timing import cpu_fields, cpu_model
 from quickdraft.prompts import PromptCodec
 
 QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories
@@ -47,17 +48,8 @@ class BenchConfig:
 
 
 def machine_info(config_device: str = "cpu") -> dict:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():  # the first CPU's model name and flags
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    cpu = fields.get("model name") or platform.processor() or platform.machine()
-    flags = set(fields.get("flags", "").split())
+    cpu = cpu_model()
+    flags = set(cpu_fields().get("flags", "").split())
     return {
         "cpu": cpu,
         "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),

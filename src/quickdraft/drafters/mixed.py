@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import ComposedReads, KeepDrafting
-from quickdraft.drafters.suffix import SuffixDrafter, merge_scores, paths_to_tree
+from quickdraft.drafters.base import ComposedReads, KeepDrafting, empty_proposal
+from quickdraft.drafters.suffix import CHAIN_TREE_FACTOR, SuffixDrafter, greedy_chain, merge_scores, paths_to_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
@@ -84,9 +84,13 @@ class MixedTreeDrafter(ComposedReads):
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
     ) -> Proposal:
-        scored, long_match = self._long_match(context, max(1, num_draft_tokens) * 4)
-        if long_match and scored:
+        if num_draft_tokens < 1:
+            return empty_proposal()
+        budget = num_draft_tokens * CHAIN_TREE_FACTOR
+        scored, long_match = self._long_match(context, budget)
+        if long_match and scored:  # the suffix drafter's own chain, from the search just made
             self.rounds_by_source["suffix"] += 1
-            return self.suffix.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
+            chain = greedy_chain(merge_scores([scored], budget), num_draft_tokens)
+            return Proposal(tokens=torch.tensor(chain, dtype=torch.long))
         self.rounds_by_source["model"] += 1
         return self.model.propose(context, num_draft_tokens, sampling, generator, keep_drafting)

@@ -107,15 +107,31 @@ def trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
     return {tuple(rows[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
 
 
-def merge_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> list[tuple[int, ...]]:
-    """The `budget` best paths over several sources (best score per path), parents first."""
+def top_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> dict[tuple[int, ...], float]:
+    """The `budget` best paths over several sources, each with its best score (ties: shorter first)."""
     best: dict[tuple[int, ...], float] = {}
     for part in parts:
         for path, score in part.items():
             if score > best.get(path, -1.0):
                 best[path] = score
     ranked = sorted(best, key=lambda path: (-best[path], len(path), path))[:budget]
-    return sorted(ranked, key=lambda path: (len(path), -best[path], path))
+    return {path: best[path] for path in ranked}
+
+
+def merge_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> list[tuple[int, ...]]:
+    """The `budget` best paths over several sources (best score per path), parents first."""
+    best = top_scores(parts, budget)
+    return sorted(best, key=lambda path: (len(path), -best[path], path))
+
+
+def greedy_chain(paths: Sequence[tuple[int, ...]], length: int) -> list[int]:
+    """Up to `length` tokens of the greedy path through parent-first `paths` (sorted by score within
+    a depth): the best child at every node."""
+    chosen: tuple[int, ...] = ()
+    for path in paths:
+        if len(path) == len(chosen) + 1 and path[:-1] == chosen:
+            chosen = path
+    return list(chosen[:length])
 
 
 def paths_to_tree(paths: Sequence[tuple[int, ...]]) -> TokenTree:
@@ -193,10 +209,7 @@ class SuffixDrafter:
             n, rows = scan_matches(text, ids, len(text), cfg.max_match, cfg.depth, cfg.max_rows)
             parts.append(trie_scores(rows, budget))
             longest = max(longest, n)
-        best: dict[tuple[int, ...], float] = {}
-        for path in merge_scores(parts, budget):
-            best[path] = max(part.get(path, 0.0) for part in parts)
-        return best, longest
+        return top_scores(parts, budget), longest
 
     def candidates(self, context: Sequence[int], budget: int) -> list[tuple[int, ...]]:
         """The `budget` best continuation paths of `context`, parents first."""
@@ -218,8 +231,4 @@ class SuffixDrafter:
         if num_draft_tokens < 1:
             return empty_proposal()
         paths = self.candidates(context, num_draft_tokens * CHAIN_TREE_FACTOR)
-        chosen: tuple[int, ...] = ()
-        for path in paths:  # parents first, best child first among siblings of one depth
-            if len(path) == len(chosen) + 1 and path[:-1] == chosen:
-                chosen = path
-        return Proposal(tokens=torch.tensor(list(chosen[:num_draft_tokens]), dtype=torch.long))
+        return Proposal(tokens=torch.tensor(greedy_chain(paths, num_draft_tokens), dtype=torch.long))

@@ -11,31 +11,22 @@ expected tokens per forward (a drafter's measured gain table) over the forward's
 from __future__ import annotations
 
 import json
-import platform
 import re
 import statistics
 import time
 
 import torch
 
+from quickdraft.models.timing import cpu_model
+
 WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
 _MEMO: dict[str, dict[int, float]] = {}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def host_key(model_name: str, dtype: str) -> str:
     """What a measured curve depends on: CPU model and kernels, threads, torch, dtype, model."""
     capability = torch.backends.cpu.get_cpu_capability()
-    raw = f"{_cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{dtype}-{model_name}"
+    raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{dtype}-{model_name}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 
 
@@ -83,7 +74,7 @@ def relative_cost(curve: dict[int, float], rows: int) -> float:
     """The curve at `rows`, linear between measured widths (beyond the last: its last slope continued)."""
     widths = sorted(curve)
     if rows <= widths[0] or len(widths) == 1:
-        return curve[widths[0]] if rows <= widths[0] else curve[widths[-1]]
+        return curve[widths[0]]
     for lo, hi in zip(widths, widths[1:], strict=False):
         if rows <= hi:
             return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
