@@ -13,7 +13,7 @@ import sys
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTIONS, add_option_flags, given_options, options_from
 
-MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device")
+MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device", "quantize")
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -156,7 +156,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return 0
     print(result.text)
     label = "plain decoding" if engine.drafter is None else f"{config.method}, drafter {engine.drafter.name}"
-    print(f"\n--- {engine.target_info.name} ({config.dtype}), {label}, finish_reason={result.finish_reason}")
+    weights = f", {engine.quantized.describe()}" if engine.quantized is not None else ""
+    print(f"\n--- {engine.target_info.name} ({config.dtype}{weights}), {label}, finish_reason={result.finish_reason}")
     print(_format_stats(result.stats.to_dict()))
     return 0
 

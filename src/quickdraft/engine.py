@@ -18,6 +18,8 @@ from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.quant import parse_quantize
+from quickdraft.models.quantized import quantize_model
 from quickdraft.models.runtime import cached_model
 from quickdraft.options import EngineConfig, options_from
 from quickdraft.prompts import Prompt, PromptCodec
@@ -45,7 +47,9 @@ class Engine:
             config = options_from({"dtype": dtype}, config)
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
-        self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime)
+        self.quantized = quantize_model(target, config.quantize) if parse_quantize(config.quantize).active else None
+        linears = self.quantized.linears if self.quantized is not None else None
+        self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime, linears=linears)
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
             self.drafter = drafter or make_drafter(config.drafter, target, config.dtype, config.runtime)

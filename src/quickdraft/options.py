@@ -21,6 +21,7 @@ from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.quant import parse_quantize
 from quickdraft.models.runtime import DEVICES, RUNTIMES, resolve_device
 
 
@@ -41,6 +42,8 @@ class EngineConfig:
         threads: torch CPU threads (None: torch's choice).
         runtime: auto | native | hf, the forward that runs the models (models/runtime.py).
         device: auto | cpu | cuda.
+        quantize: the target's weights: none | int8 | int4[:G] | gguf (models/quant.py); a quantized
+            target is a different model, and speculation is lossless with respect to it.
     """
 
     method: str = "sd"
@@ -53,6 +56,7 @@ class EngineConfig:
     threads: int | None = None
     runtime: str = "auto"
     device: str = "auto"
+    quantize: str = "none"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -66,6 +70,9 @@ class EngineConfig:
         if self.runtime not in RUNTIMES:
             raise QuickdraftError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
         resolve_device(self.device)  # cuda without CUDA: refused here, before any model loads
+        quant = parse_quantize(self.quantize)
+        if quant.active and self.runtime == "hf":
+            raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
 
 
 def _bool(text: str) -> bool:
@@ -109,7 +116,8 @@ OPTIONS: dict[str, Option] = {
             ("drafter",),
             str,
             "suffix[:PATH][;cache=N] | ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | head[:PATH] | "
-            "kangaroo[:PATH] | specdec[:PATH] | mag[:PATH] | csd[:LEVELS] | A+B",
+            "kangaroo[:PATH] | specdec[:PATH] | mag[:PATH] | csd[:LEVELS] | mix[:STAGE] | quant[:int4|int8|gguf] | "
+            "A+B",
         ),
         Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
         Option(
@@ -169,6 +177,13 @@ OPTIONS: dict[str, Option] = {
         Option("threads", ("threads",), int, "torch CPU threads (default: torch's choice)"),
         Option("runtime", ("runtime",), str, "native forward where supported (auto), or always native or hf", RUNTIMES),
         Option("device", ("device",), str, "auto | cpu | cuda", DEVICES),
+        Option(
+            "quantize",
+            ("quantize",),
+            str,
+            "the target's weights: none | int8 | int4[:32|:64] | gguf (its own 4-bit blocks; the embedded "
+            "default); weight-only, native runtime; a quantized target is a different model",
+        ),
     )
 }
 _ALIASES = {a: o.name for o in OPTIONS.values() for a in o.aliases}

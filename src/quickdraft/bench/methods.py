@@ -5,7 +5,8 @@ option names of `options.OPTIONS` that the method reads (sd: drafter, draft_leng
 (alias schedule), confidence_threshold (alias threshold), verifier; pearl: drafter, verifier, gamma,
 pre_verify, post_verify, parallel), with the same defaults as the CLI. The peers run transformers'
 own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "hf-assisted"
-(assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule).
+(assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule). Every method of
+ours also takes `runtime` and `quantize` (a quantized target: `ar:quantize=int4`, `sd:quantize=gguf`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 def _check_key(method: str, key: str) -> None:
     where = f"method {method!r}: "
     if method not in PEERS:
-        option_name(key, ("runtime", *METHODS[method].options), where)
+        option_name(key, ("runtime", "quantize", *METHODS[method].options), where)
     elif key not in PEERS[method]:
         raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(PEERS[method]) or 'none'})")
 
@@ -122,7 +123,7 @@ class QuickdraftMethod:
     def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto") -> None:
         self.spec = spec
         values = {"method": spec.name, "dtype": dtype, "runtime": runtime, **dict(spec.options)}
-        allowed = ("method", "dtype", "runtime", *METHODS[spec.name].options)
+        allowed = ("method", "dtype", "runtime", "quantize", *METHODS[spec.name].options)
         config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
         self.engine = Engine(target, config)
         self.costs: list[float] | None = None  # relative step costs of the draft components (bench/cost.py)
@@ -130,6 +131,10 @@ class QuickdraftMethod:
     @property
     def speculative(self) -> bool:
         return METHODS[self.spec.name].uses_drafter
+
+    @property
+    def quantize(self) -> str:
+        return self.engine.config.quantize
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         from quickdraft.bench.cost import draft_steps, relative_costs

@@ -2,7 +2,8 @@
 
 tokens/s is sum(new tokens) / sum(wall seconds) over a group; speedup_vs_ar divides a method's
 tokens/s by plain decoding's over the same prompts and runs; mean_accepted_tokens is Spec-Bench's
-tokens per target forward (1.00 for plain decoding; prefill forward included).
+tokens per target forward (1.00 for plain decoding; prefill forward included). A method on a quantized
+target (`quantize=...`) also gets speedup_vs_own_ar: over plain decoding of the same quantized weights.
 """
 
 from __future__ import annotations
@@ -105,5 +106,10 @@ def summarize(rows: list[dict], ar_method: str = "ar") -> dict:
                 [r for r in mrows if r["category"] == cat], [r for r in ar_rows if r["category"] == cat]
             )
         entry["categories"] = cats
+        weights = mrows[0].get("quantize", "none")
+        if weights != "none":  # a quantized target: its speedup over plain decoding of the same weights too
+            own = [r for r in rows if r.get("quantize") == weights and r["method"].split(":")[0] == "ar"]
+            entry["quantize"] = weights
+            entry["speedup_vs_own_ar"] = group_metrics(mrows, own)["speedup_vs_ar"] if own else None
         out["methods"][method] = entry
     return out

@@ -32,6 +32,22 @@ def _table(summary: dict) -> list[str]:
     return lines
 
 
+def _quantized_note(summary: dict) -> list[str]:
+    quantized = {m: s for m, s in summary["methods"].items() if s.get("quantize")}
+    if not quantized:
+        return []
+    lines = [
+        "Methods with `quantize=...` run a different target: the quantized one. Their speedup above is over "
+        "plain decoding of the unquantized target; matches ar compares with plain decoding of the same "
+        "quantized weights (what lossless means for them). Over plain decoding of their own weights:",
+        "",
+    ]
+    for m, s in quantized.items():
+        own = s.get("speedup_vs_own_ar")
+        lines.append(f"- `{m}`: {'-' if own is None else f'{own:.2f}x'}")
+    return [*lines, ""]
+
+
 def _category_table(summary: dict) -> list[str]:
     methods = [m for m in summary["methods"] if m != "ar"]
     cats = sorted({c for m in summary["methods"].values() for c in m["categories"]})
@@ -66,6 +82,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "of accepted drafts up to a rejection (correction included), not comparable with the former; "
         "matches ar = share of outputs token-identical to plain decoding.",
         "",
+        *_quantized_note(summary),
         *_table(summary),
         "",
         "Speedup / mean accepted tokens by category:",

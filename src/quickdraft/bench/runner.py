@@ -62,9 +62,13 @@ def machine_info(config_device: str = "cpu") -> dict:
 
 
 def _methods_with_ar(text: str) -> list[MethodSpec]:
+    """The methods, with plain decoding first, and plain decoding of each quantized target used."""
     specs = parse_methods(text)
     if not any(s.text == "ar" for s in specs):
         specs.insert(0, MethodSpec("ar"))
+    for q in dict.fromkeys(s.get("quantize") for s in specs if s.get("quantize") not in (None, "none")):
+        if not any(s.name == "ar" and s.get("quantize") == q for s in specs):
+            specs.insert(1, MethodSpec("ar", (("quantize", q),)))
     if len({s.text for s in specs}) != len(specs):
         raise QuickdraftError("a method is listed twice")
     return specs
@@ -89,7 +93,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
         m.run(prompt_ids[records[0].question_id], min(8, config.max_new_tokens))
 
     rows: list[dict] = []
-    reference: dict[str, list[int]] = {}
+    reference: dict[tuple[str, str], list[int]] = {}  # (question, weights) -> plain decoding's tokens
     total = len(records) * config.runs * len(methods)
     with open(out / "results.jsonl", "w") as fh, tqdm(total=total, disable=not progress, desc="bench") as bar:
         for run in range(config.runs):
@@ -97,16 +101,19 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                 ids = prompt_ids[rec.question_id]
                 for text, method in methods.items():
                     res = method.run(ids, config.max_new_tokens)
-                    if text == "ar":
-                        reference.setdefault(rec.question_id, res.token_ids)
+                    weights = getattr(method, "quantize", "none")
+                    if text.split(":")[0] == "ar":
+                        reference.setdefault((rec.question_id, weights), res.token_ids)
                     row = {
                         "question_id": rec.question_id,
                         "category": rec.category,
                         "method": text,
+                        "quantize": weights,
                         "run": run,
                         "new_tokens": len(res.token_ids),
                         **asdict(res),
-                        "match_ar": res.token_ids == reference[rec.question_id],
+                        # lossless means: equal to plain decoding of the same weights
+                        "match_ar": res.token_ids == reference[(rec.question_id, weights)],
                     }
                     if text == "ar" and run == 0:
                         row["prompt_ids"] = ids

@@ -34,6 +34,7 @@ class ParallelSpec:
     verifier: str | None
     cores: tuple[tuple[int, ...], tuple[int, ...]]
     runtime: str = "auto"
+    quantize: str = "none"
 
 
 # --- worker side ----------------------------------------------------------------------------------
@@ -147,12 +148,14 @@ class _DraftRole:
 class _TargetRole:
     def __init__(self, spec: ParallelSpec) -> None:
         from quickdraft.models.loading import load_model
+        from quickdraft.models.quantized import quantize_model
         from quickdraft.models.runtime import cached_model
 
         self.spec = spec
         loaded = load_model(spec.target, spec.dtype)
         self.eos = set(loaded.eos_token_ids)
-        self.target = cached_model(loaded.model, loaded.vocab_size, runtime=spec.runtime)
+        linears = quantize_model(loaded, spec.quantize).linears
+        self.target = cached_model(loaded.model, loaded.vocab_size, runtime=spec.runtime, linears=linears)
 
     def step_seconds(self) -> float:
         return step_seconds(self.target)

@@ -34,6 +34,7 @@ class DecodeOptions(Protocol):
     pearl: PearlConfig
     dtype: str
     runtime: str
+    quantize: str
 
 
 @dataclass
@@ -85,7 +86,9 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
         from quickdraft.models.delta import SHIPPED_FOR
 
         name = parts.target_name or ""
-        curve = cost_curve(parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR)
+        curve = cost_curve(
+            parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
+        )
         parts.memo["tree_budget"] = best_budget(curve, gain)
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
@@ -132,7 +135,7 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
 
         cfg = parts.config
         spec = ParallelSpec(
-            parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores(), cfg.runtime
+            parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores(), cfg.runtime, cfg.quantize
         )
         parts.memo["pearl_parallel"] = ParallelPearl(spec)
     return parts.memo["pearl_parallel"].decoder(verifier)

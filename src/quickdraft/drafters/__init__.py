@@ -5,7 +5,8 @@ A drafter is named by a spec string (grammar and parser in `drafters/spec.py`): 
 N layers + norm + head), "distilled[:PATH]" (a DistillSpec delta; without PATH the one shipped for
 the embedded default target), "head[:PATH]" and "kangaroo[:PATH]" (drafters that reuse the target:
 drafters/reuse.py), "mag[:PATH]" (CS Drafting's statistical drafter) and
-"csd[:LEVELS[;k=ROWS][;l=L]]" (a CS Drafting cascade over any of these: drafters/cascade.py); "A+B"
+"csd[:LEVELS[;k=ROWS][;l=L]]" (a CS Drafting cascade over any of these: drafters/cascade.py),
+"quant[:int4|int8|gguf]" (the target's own weights quantized: models/quant.py); "A+B"
 is a fallback chain tried in order each round; a model stage may end with "@DTYPE" to run in its own
 dtype (e.g. "distilled@bfloat16" under a float32 target: the draft's precision never affects
 losslessness).
@@ -15,9 +16,12 @@ Adding a drafter kind: its syntax in `spec.SYNTAX`, its builder in `BUILDERS`. N
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.drafters.cascade import CascadeDrafter
@@ -34,8 +38,10 @@ from quickdraft.drafters.spec import (
     parse_cascade,
     parse_drafter_spec,
     parse_mix,
+    parse_quant,
     parse_suffix,
 )
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 from quickdraft.models.runtime import cached_model
@@ -115,6 +121,22 @@ def _mix(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Dr
     return MixedTreeDrafter(suffix, model, name=str(spec))
 
 
+def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
+    """The target's own weights quantized (int4 by default), run natively with its own cache; in the
+    target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
+    from quickdraft.models.quant import check_dtype
+    from quickdraft.models.quantized import quantize_model
+
+    if runtime == "hf":
+        raise QuickdraftError(f"drafter {spec}: quantized drafts need the native runtime (not --runtime hf)")
+    own = _own_dtype(dtype, target)
+    own = torch.float32 if own == torch.float64 and not spec.dtype else own
+    check_dtype(own, f"drafter {spec}")
+    model = target.model if own == target.model.dtype else copy.deepcopy(target.model).to(own)
+    quantized = quantize_model(target, parse_quant(spec.arg), own)
+    return ModelDrafter(cached_model(model, target.vocab_size, None, "native", quantized.linears), name=str(spec))
+
+
 def _csd(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> Drafter:
     cascade = parse_cascade(spec.arg)
     levels = [
@@ -133,6 +155,7 @@ BUILDERS: dict[str, Builder] = {
     "csd": _csd,
     "suffix": _suffix,
     "mix": _mix,
+    "quant": _quant,
 }
 DRAFTERS = BUILDERS  # the name earlier releases exported
 assert set(BUILDERS) == set(SYNTAX), "every drafter kind needs both a syntax and a builder"

@@ -14,7 +14,8 @@ and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`); `spe
 (SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`);
 `suffix[:PATH][;cache=N]...` (model-free suffix-match trees over the request's text and a datastore
 of the target's own text: `parse_suffix`); `mix[:STAGE]` (suffix branches and a model drafter's in
-one tree, default the feature head: `drafters/mixed.py`). Every surface (CLI,
+one tree, default the feature head: `drafters/mixed.py`); `quant[:int4[:G]|int8|gguf]` (the target's
+own weights quantized, a self-draft with its own cache: models/quant.py). Every surface (CLI,
 server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
 with the same message before any model loads.
 """
@@ -79,7 +80,18 @@ SYNTAX: dict[str, KindSyntax] = {
     "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
     "mix": KindSyntax("mix[:STAGE]", lambda arg: parse_mix(arg), has_model=False),
     "suffix": KindSyntax("suffix[:PATH][;cache=N][;match=M][;depth=D]", lambda arg: parse_suffix(arg), has_model=False),
+    "quant": KindSyntax("quant[:int4[:G]|int8|gguf]", lambda arg: parse_quant(arg)),
 }
+
+
+def parse_quant(arg: str | None):
+    """`quant[:MODE]`: the target's own weights quantized (MODE as `--quantize`, default int4)."""
+    from quickdraft.models.quant import parse_quantize
+
+    spec = parse_quantize(arg or "int4")
+    if not spec.active:
+        raise QuickdraftError("drafter 'quant:none' would be the target itself: choose int4, int8 or gguf")
+    return spec
 
 
 def parse_mix(arg: str | None) -> DrafterSpec:

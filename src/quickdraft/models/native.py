@@ -14,7 +14,7 @@ owner of the cache) says where the new rows are written; the cache never realloc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +41,14 @@ def unsupported_reason(model) -> str | None:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    wq: Linear
-    wk: Linear
-    wv: Linear
-    wo: Linear
+    wq: Callable
+    wk: Callable
+    wv: Callable
+    wo: Callable
     mlp_norm: torch.Tensor
-    gate: Linear
-    up: Linear
-    down: Linear
+    gate: Callable
+    up: Callable
+    down: Callable
 
 
 class StaticKV:
@@ -84,9 +84,15 @@ class StaticKV:
 
 
 class NativeLlama:
-    """The forward of a Hugging Face LlamaForCausalLM, reading its weights in place."""
+    """The forward of a Hugging Face LlamaForCausalLM, reading its weights in place.
 
-    def __init__(self, model) -> None:
+    Args:
+        model: the Hugging Face model.
+        linears: kernel-form linears by parameter name (e.g. "model.layers.0.mlp.up_proj.weight",
+            "lm_head.weight"), e.g. int4 ones from models/quantized.py; the others read the weights.
+    """
+
+    def __init__(self, model, linears: Mapping[str, Callable] | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the native runtime does not support this model: {reason}")
@@ -101,20 +107,30 @@ class NativeLlama:
         # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (models/linear.py)
         pack = self.dtype == torch.bfloat16 and self.device.type == "cpu" and packed_pays()
         self.packed = pack
-        self.layers = [
-            _Layer(
-                block.input_layernorm.weight,
-                Linear(block.self_attn.q_proj.weight, pack),
-                Linear(block.self_attn.k_proj.weight, pack),
-                Linear(block.self_attn.v_proj.weight, pack),
-                Linear(block.self_attn.o_proj.weight, pack),
-                block.post_attention_layernorm.weight,
-                Linear(block.mlp.gate_proj.weight, pack),
-                Linear(block.mlp.up_proj.weight, pack),
-                Linear(block.mlp.down_proj.weight, pack),
+        given = dict(linears or {})
+
+        def linear(name: str, module) -> Callable:
+            return given.pop(name, None) or Linear(module.weight, pack)
+
+        self.layers = []
+        for i, block in enumerate(inner.layers):
+            attn, mlp, at = block.self_attn, block.mlp, f"model.layers.{i}."
+            self.layers.append(
+                _Layer(
+                    block.input_layernorm.weight,
+                    linear(at + "self_attn.q_proj.weight", attn.q_proj),
+                    linear(at + "self_attn.k_proj.weight", attn.k_proj),
+                    linear(at + "self_attn.v_proj.weight", attn.v_proj),
+                    linear(at + "self_attn.o_proj.weight", attn.o_proj),
+                    block.post_attention_layernorm.weight,
+                    linear(at + "mlp.gate_proj.weight", mlp.gate_proj),
+                    linear(at + "mlp.up_proj.weight", mlp.up_proj),
+                    linear(at + "mlp.down_proj.weight", mlp.down_proj),
+                )
             )
-            for block in inner.layers
-        ]
+        self.head_linear = given.pop("lm_head.weight", None)  # None: the cache owner builds it
+        if given:
+            raise ValueError(f"NativeLlama: no linear named {sorted(given)[0]!r} in this model")
         self.norm = inner.norm.weight
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         rotary = inner.rotary_emb

@@ -14,7 +14,7 @@ Every extend keeps its rows' final-normed states in `features` (what the LM head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -34,9 +34,15 @@ class NativeCachedModel(TokenCacheVerbs):
 
     runtime = "native"
 
-    def __init__(self, model, vocab_size: int | None = None, head_ids: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        vocab_size: int | None = None,
+        head_ids: torch.Tensor | None = None,
+        linears: Mapping[str, Callable] | None = None,
+    ) -> None:
         self.model = model.eval()
-        self.net = NativeLlama(model)
+        self.net = NativeLlama(model, linears)
         self.vocab_size = vocab_size or int(model.config.vocab_size)
         self.cache = self.net.new_cache()
         self.tokens: list[int] = []
@@ -51,7 +57,14 @@ class NativeCachedModel(TokenCacheVerbs):
             self.head = self.net.head[self.head_ids].contiguous()  # (K, H)
         else:
             self.head = self.net.head[: self.vocab_size]  # a view: drops a padded tail, no copy
-        self.head_linear = Linear(self.head, self.net.packed)  # packed where the blocks are
+        quantized = self.net.head_linear  # a kernel-form head (rows are independent: cut exactly)
+        if quantized is None:
+            self.head_linear = Linear(self.head, self.net.packed)  # packed where the blocks are
+        elif self.head_ids is not None:
+            self.head_linear = quantized.rows(self.head_ids)
+        else:
+            rows = torch.arange(self.vocab_size)
+            self.head_linear = quantized if quantized.out_features == self.vocab_size else quantized.rows(rows)
 
     @property
     def length(self) -> int:

@@ -9,6 +9,8 @@ Devices: `resolve_device` turns auto|cpu|cuda into the device models run on.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
 
 from quickdraft.errors import QuickdraftError
@@ -20,16 +22,25 @@ RUNTIMES = ("auto", "native", "hf")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def cached_model(model, vocab_size: int | None = None, head_ids: torch.Tensor | None = None, runtime: str = "auto"):
-    """The cache owner for `model` on the chosen runtime (same verbs either way)."""
+def cached_model(
+    model,
+    vocab_size: int | None = None,
+    head_ids: torch.Tensor | None = None,
+    runtime: str = "auto",
+    linears: Mapping[str, Callable] | None = None,
+):
+    """The cache owner for `model` on the chosen runtime (same verbs either way); `linears` are
+    kernel-form (quantized) linears by parameter name, native runtime only."""
     if runtime not in RUNTIMES:
         raise QuickdraftError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     reason = unsupported_reason(model)
     if runtime == "native" and reason is not None:
         raise QuickdraftError(f"--runtime native does not support this model: {reason} (use --runtime hf)")
+    if linears and (runtime == "hf" or reason is not None):
+        raise QuickdraftError(f"quantized weights need the native runtime ({reason or '--runtime hf'})")
     if runtime == "hf" or reason is not None:
         return CachedModel(model, vocab_size, head_ids)
-    return NativeCachedModel(model, vocab_size, head_ids)
+    return NativeCachedModel(model, vocab_size, head_ids, linears)
 
 
 def resolve_device(device: str) -> str:

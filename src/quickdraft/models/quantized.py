@@ -1,0 +1,135 @@
+"""Quantize a loaded model's linears for the native runtime: `--quantize int8|int4[:G]|gguf`.
+
+Sources, best first: the model's own weights when it runs in float32/float64; else the checkpoint's
+float32 tensors read from its folder (the embedded default's folder holds the GGUF's exact
+dequantized values); a checkpoint stored in bf16 has nothing finer, and the report says so. `gguf`
+reads the GGUF file the model came from (models/gguf_weights.py). The embedding table, norms and
+RoPE stay as loaded (a lookup, not a matmul).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.gguf_weights import gguf_linears
+from quickdraft.models.loading import LoadedModel
+from quickdraft.models.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
+
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+# What the GGUF's Q8_0 tensors (the default target's tied LM head) become; measured in
+# docs/benchmarks.md, "Weight-only int8 and int4".
+GGUF_Q8 = "bf16"
+
+
+@dataclass
+class Quantized:
+    """Kernel-form linears by parameter name, and where they came from."""
+
+    spec: QuantSpec
+    linears: dict[str, object] = field(default_factory=dict)
+    source: str = ""
+    seconds: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(lin, "nbytes", 0) for lin in self.linears.values())
+
+    def describe(self) -> str:
+        return (
+            f"{self.spec} weights ({len(self.linears)} linears, {self.nbytes / 2**20:.0f} MiB, from {self.source}, "
+            f"built in {self.seconds:.1f} s)"
+        )
+
+
+def linear_names(config) -> list[str]:
+    """Every quantizable linear's parameter name, LM head last."""
+    layers = int(config.num_hidden_layers)
+    return [f"model.layers.{i}.{lin}.weight" for i in range(layers) for lin in LINEARS] + ["lm_head.weight"]
+
+
+def _checkpoint_reader(folder: Path):
+    """name -> tensor as stored in a folder's safetensors (None if absent), or None without files."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
+    if not files:
+        return None
+    where = {}
+    for f in files:
+        with safe_open(f, framework="pt") as reader:
+            where.update({name: f for name in reader.keys()})  # noqa: SIM118 (a reader, not a dict)
+
+    def read(name: str) -> torch.Tensor | None:
+        if name == "lm_head.weight" and name not in where:
+            name = "model.embed_tokens.weight"  # a tied head
+        if name not in where:
+            return None
+        with safe_open(where[name], framework="pt") as reader:
+            return reader.get_tensor(name)
+
+    return read
+
+
+def _float32_source(loaded: LoadedModel):
+    """(name -> float32 weight, a description of the source)."""
+    params = dict(loaded.model.named_parameters())
+    params.setdefault("lm_head.weight", loaded.model.get_output_embeddings().weight)
+    if loaded.model.dtype in (torch.float32, torch.float64):
+        return (lambda name: params[name].detach().float()), f"the model's {loaded.model.dtype} weights"
+    read = _checkpoint_reader(loaded.source)
+    stored = None if read is None else read("lm_head.weight")
+    if stored is not None and stored.dtype in (torch.float32, torch.float64):
+
+        def weight(name: str) -> torch.Tensor:
+            found = read(name)
+            return params[name].detach().float() if found is None else found.float()
+
+        return weight, f"the {stored.dtype} checkpoint in {loaded.source}"
+    return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
+
+
+def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
+    """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's).
+
+    Raises QuickdraftError (one line) for a dtype the kernels lack, dims the groups do not divide, or
+    `gguf` on a model that did not come from a GGUF file.
+    """
+    spec = parse_quantize(spec) if isinstance(spec, str) else spec
+    check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
+    start = time.perf_counter()
+    config = loaded.model.config
+    if spec.mode == "gguf":
+        if loaded.gguf is None:
+            raise QuickdraftError(
+                f"--quantize gguf: {loaded.name} was not loaded from a GGUF file (the embedded default is); "
+                "use --quantize int4 or int8"
+            )
+        forms, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
+        # float forms hold the values the loaded model already has (converted from the same file)
+        linears = {name: form for name, form in forms.items() if not isinstance(form, torch.Tensor)}
+        counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+        source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
+    elif spec.active:
+        weight, source = _float32_source(loaded)
+        linears = {}
+        for name in linear_names(config):
+            try:
+                linears[name] = quantize_weight(weight(name), spec)
+            except QuickdraftError as exc:
+                raise QuickdraftError(f"--quantize {spec}: {name}: {exc}") from None
+    else:
+        linears, source = {}, "no quantization"
+    return Quantized(spec, linears, source, time.perf_counter() - start)

@@ -1,0 +1,281 @@
+"""Weight-only int8/int4 linears, the GGUF's own blocks, quantized targets and the quantized self-draft.
+
+- kernels: each linear equals F.linear over its own dequantized weight; weights already on a 4-bit
+  grid round-trip exactly; GGUF Q4_0/Q4_1/Q8_0 blocks (made by the `gguf` package) give the package's
+  own dequantized values exactly; llama.cpp's q/k row order is undone as transformers undoes it;
+- a quantized target is tested against itself in float32 (speculation equals its plain decoding);
+- the `quant:` self-draft is lossless against a float64 target: greedy equality in chains, trees and
+  PEARL, and the law at T = 1 through a real tiny Llama (with negative controls that must fail);
+- bad input: one clear line.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+from test_real_distribution import Named, law_models, pvalue
+
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.drafters import make_drafter
+from quickdraft.engine import Engine
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.gguf_weights import q4_blocks, q8_0_blocks, unpermute_rows
+from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.models.quant import Int4Linear, int4_linear, int8_linear, parse_quantize
+from quickdraft.models.quantized import quantize_model
+from quickdraft.options import EngineConfig
+
+from conftest import tiny_llama
+from oracles import always_accept
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    "text, mode, group", [("none", "none", 32), ("int8", "int8", 32), ("int4", "int4", 32), ("int4:64", "int4", 64)]
+)
+def test_parse_quantize(text, mode, group):
+    spec = parse_quantize(text)
+    assert (spec.mode, spec.group) == (mode, group)
+    assert str(spec) == text
+
+
+@pytest.mark.parametrize("text", ["int3", "int4:16", "int4:128", "int8:32", "int4:x", "gguf:32"])
+def test_parse_quantize_refuses(text):
+    with pytest.raises(QuickdraftError):
+        parse_quantize(text)
+
+
+@pytest.mark.parametrize("make", [int8_linear, int4_linear, lambda w: int4_linear(w, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_equals_its_dequantized_weight(make, dtype):
+    torch.manual_seed(0)
+    w, x = torch.randn(48, 128), torch.randn(5, 128)
+    lin = make(w)
+    ref = F.linear(x, lin.dequantized())
+    out = lin(x.to(dtype)).float()
+    tol = 1e-4 if dtype == torch.float32 else 0.05 * ref.abs().max()
+    assert out.shape == (5, 48) and (out - ref).abs().max() <= tol
+    assert (lin.dequantized() - w).abs().max() < (w.abs().max() / 4)  # a quantization of w, not noise
+
+
+def test_int4_grid_round_trips_and_rows_are_exact():
+    torch.manual_seed(1)
+    q = torch.randint(0, 16, (20, 64))
+    q[:, [0, 32]], q[:, [1, 33]] = 0, 15  # every group spans the whole grid
+    scale, lo = torch.rand(20, 2) + 0.1, torch.randn(20, 2)
+    w = (q.view(20, 2, 32) * scale[..., None] + lo[..., None]).view(20, 64)  # on a 4-bit grid per group
+    lin = int4_linear(w)
+    assert torch.allclose(lin.dequantized(), w, rtol=0, atol=1e-5)
+    ids = torch.tensor([19, 3, 7])  # also: 20 rows are padded to 32 for the packing, cut from the output
+    x = torch.randn(2, 64)
+    assert torch.equal(lin.rows(ids)(x), lin(x)[:, ids])
+    i8 = int8_linear(w)
+    assert torch.equal(i8.rows(ids)(x), i8(x)[:, ids])
+
+
+def test_int4_refuses_groups_that_do_not_divide():
+    with pytest.raises(QuickdraftError, match="do not divide"):
+        int4_linear(torch.randn(16, 48))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_q4_blocks_are_the_packages_dequantized_values(kind):
+    qtype = GGMLQuantizationType[kind]
+    w = np.random.default_rng(0).standard_normal((32, 96)).astype(np.float32)
+    raw = quants.quantize(w, qtype)
+    expected = torch.from_numpy(quants.dequantize(raw, qtype))
+    lin = Int4Linear(*q4_blocks(raw, kind), group=32)
+    assert torch.equal(lin.dequantized(), expected)
+    x = torch.randn(3, 96)
+    assert torch.allclose(lin(x), F.linear(x, expected), atol=1e-4)
+
+
+def test_gguf_q8_0_blocks_are_the_packages_dequantized_values():
+    w = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    raw = quants.quantize(w, GGMLQuantizationType.Q8_0)
+    expected = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q8_0))
+    assert torch.equal(q8_0_blocks(raw), expected)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 9])
+def test_unpermute_rows_undoes_llama_cpp_as_transformers_does(heads):
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rows = heads * 8
+    w = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    expected = LlamaTensorProcessor()._reverse_permute_weights(w, heads, heads)
+    assert np.array_equal(w[unpermute_rows(rows, heads).numpy()], expected)
+
+
+def _hidden64(dtype):
+    return tiny_llama(vocab=40, layers=2, hidden=64, seed=5, dtype=dtype, init=0.2)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "int4:64"])
+def test_a_quantized_target_equals_itself_under_speculation(mode):
+    target = _hidden64(torch.float32)
+    config = dict(dtype="float32", quantize=mode)
+    plain = Engine(target, EngineConfig(method="ar", **config))
+    spec = Engine(target, EngineConfig(method="sd", drafter="ngram:2", **config))
+    tree = Engine(target, EngineConfig(method="sd", drafter="suffix:none", **config))
+    prompt, stop = [3, 4, 5, 6, 3, 4, 5], StopConfig(48)
+    ref = plain.generate_ids(prompt, GREEDY, stop)
+    assert plain.quantized is not None and len(plain.quantized.linears) == 2 * 7 + 1
+    for engine in (spec, tree):
+        res = engine.generate_ids(prompt, GREEDY, stop)
+        assert res.token_ids == ref.token_ids
+        assert res.stats.num_draft_tokens > 0  # speculation happened
+    bf = Engine(target, EngineConfig(method="ar", dtype="float32")).generate_ids(prompt, GREEDY, stop)
+    assert len(bf.token_ids) == len(ref.token_ids)  # (the quantized target is a different model)
+
+
+def test_a_quantized_linear_reads_the_same_weights_as_dequantized_float32():
+    """The native forward with int8 linears equals the plain forward over the dequantized weights."""
+    target = _hidden64(torch.float32)
+    q = quantize_model(target, "int8")
+    native = NativeCachedModel(target.model, linears=q.linears)
+    deq = _hidden64(torch.float32)
+    with torch.no_grad():
+        params = dict(deq.model.named_parameters())
+        for name, lin in q.linears.items():
+            params[name].copy_(lin.dequantized())
+    plain = NativeCachedModel(deq.model)
+    tokens = [5, 9, 2, 11, 30, 7]
+    assert torch.allclose(native.extend(tokens), plain.extend(tokens), atol=1e-4)
+
+
+@pytest.mark.parametrize("method, tree", [("sd", 0), ("sd", 6), ("pearl", 0)])
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quant_self_draft_is_lossless_greedy_in_float64(method, tree, mode):
+    target = _hidden64(torch.float64)
+    plain = Engine(target, EngineConfig(method="ar", dtype="float64"))
+    options = {"draft_tree": tree} if method == "sd" else {}
+    config = EngineConfig(method=method, drafter=f"quant:{mode}", dtype="float64")
+    if options:
+        from quickdraft.options import options_from
+
+        config = options_from(options, config)
+    engine = Engine(target, config)
+    assert engine.drafter.model.net.dtype == torch.float32  # the draft runs in its own form
+    for prompt in ([3, 4, 5], [10, 11, 12, 13, 10]):
+        ref = plain.generate_ids(prompt, GREEDY, StopConfig(40))
+        res = engine.generate_ids(prompt, GREEDY, StopConfig(40))
+        assert res.token_ids == ref.token_ids
+        assert res.stats.num_accepted_draft_tokens > 0  # the quantized copy agrees often
+
+
+@pytest.mark.slow
+def test_quant_self_draft_keeps_the_target_law_through_a_real_cache():
+    target, _ = law_models()
+    drafter = make_drafter("quant:int4", target, "float64", "native")
+    from quickdraft.verifiers.speculative import SpeculativeSampling
+
+    p, rejected = pvalue(SpeculativeSampling(), (target, None), (NativeCachedModel(target.model), drafter))
+    assert rejected > 0 and p > 1e-3
+
+
+@pytest.mark.slow
+def test_quant_self_draft_negative_control_fails():
+    """Accepting every draft token samples the draft's law, and the test sees it. (Resampling from p on
+    a rejection, the other broken rule, biases by about |p - q|, which a 4-bit copy makes too small
+    to see in 1,500 samples: that control runs against a noisy draft in test_real_distribution.)"""
+    target, _ = law_models()
+    drafter = make_drafter("quant:int4", target, "float64", "native")
+    assert pvalue(Named(always_accept), (target, None), (NativeCachedModel(target.model), drafter))[0] < 1e-3
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (dict(quantize="int4:16"), "group size"),
+        (dict(quantize="int4", runtime="hf"), "native runtime"),
+        (dict(drafter="quant:none"), "target itself"),
+    ],
+)
+def test_bad_quantization_options_are_refused_before_loading(config, message):
+    with pytest.raises(QuickdraftError, match=message):
+        EngineConfig(**config)
+
+
+def test_quantized_float64_target_and_gguf_of_a_folder_are_refused():
+    target = _hidden64(torch.float64)
+    with pytest.raises(QuickdraftError, match="bfloat16 or float32"):
+        Engine(target, EngineConfig(method="ar", dtype="float64", quantize="int8"))
+    with pytest.raises(QuickdraftError, match="not loaded from a GGUF"):
+        quantize_model(_hidden64(torch.float32), "gguf")
+    with pytest.raises(QuickdraftError, match="do not divide"):
+        quantize_model(tiny_llama(hidden=48), "int4")  # 48 inputs: no groups of 32
+
+
+@pytest.mark.real_model
+def test_gguf_weights_reproduce_the_default_models_float32_values():
+    """Every Q4_1 linear of the shipped GGUF, packed without a round trip, dequantizes to exactly the
+    float32 weights the default folder was converted to (transformers' own GGUF loader)."""
+    from quickdraft.models.loading import load_model
+
+    target = load_model("default", "float32")
+    q = quantize_model(target, "gguf")
+    params = dict(target.model.named_parameters())
+    assert len(q.linears) == 7 * int(target.model.config.num_hidden_layers)  # the Q8_0 head stays bf16
+    assert "Q4_1 x210" in q.source
+    for name, lin in q.linears.items():
+        assert torch.equal(lin.dequantized(), params[name].detach()), name
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--quantize", "int4:16"], "group size must be 32 or 64"),
+        (["--quantize", "gguf"], "not loaded from a GGUF"),
+        (["--quantize", "int8", "--runtime", "hf"], "native runtime"),
+        (["--drafter", "quant:int2"], "unknown quantization"),
+    ],
+)
+def test_cli_refuses_bad_quantization_in_one_line(tiny_model_dir, capsys, extra, message):
+    from quickdraft.cli import main
+
+    argv = ["generate", "abc", "--target", tiny_model_dir, "--dtype", "float32", "--max-new-tokens", "4", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_cli_generates_with_a_quantized_target_and_says_so(tiny_model_dir, capsys):
+    from quickdraft.cli import main
+
+    argv = ["generate", "abc", "--target", tiny_model_dir, "--dtype", "float32", "--max-new-tokens", "8"]
+    assert main([*argv, "--quantize", "int8", "--drafter", "quant:int4"]) == 0
+    out = capsys.readouterr().out
+    assert "int8 weights" in out and "drafter quant:int4" in out
+
+
+def test_bench_runs_a_quantized_target_beside_the_plain_one(tiny_model_dir, tmp_path):
+    import json
+
+    from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+
+    assert [s.text for s in _methods_with_ar("sd:quantize=int8,drafter=ngram")] == [
+        "ar",
+        "ar:quantize=int8",
+        "sd:quantize=int8,drafter=ngram",
+    ]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [t]}) + "\n" for i, t in
+                               enumerate(["abc abc abc", "hello hello"])))  # fmt: skip
+    cfg = BenchConfig(
+        methods="sd:quantize=int8,drafter=ngram,sd:drafter=quant:int8",
+        prompts=str(prompts),
+        max_new_tokens=12,
+        target=tiny_model_dir,
+        dtype="float32",
+        out=str(tmp_path / "out"),
+    )
+    summary = run_bench(cfg, progress=False)["methods"]
+    assert summary["sd:quantize=int8,drafter=ngram"]["quantize"] == "int8"
+    assert summary["sd:quantize=int8,drafter=ngram"]["speedup_vs_own_ar"] > 0
+    assert summary["sd:quantize=int8,drafter=ngram"]["lossless_match_rate"] == 1.0  # against its own plain
+    assert summary["sd:drafter=quant:int8"]["lossless_match_rate"] == 1.0
+    assert summary["sd:drafter=quant:int8"]["num_accepted_draft_tokens"] > 0
+    assert "run a different target" in (tmp_path / "out" / "report.md").read_text()
