@@ -218,8 +218,11 @@ def test_gguf_weights_reproduce_the_default_models_float32_values():
     target = load_model("default", "float32")
     q = quantize_model(target, "gguf")
     params = dict(target.model.named_parameters())
-    assert len(q.linears) == 7 * int(target.model.config.num_hidden_layers)  # the Q8_0 head stays bf16
-    assert "Q4_1 x210" in q.source
+    assert len(q.linears) == 7 * int(target.model.config.num_hidden_layers) + 1
+    assert "Q4_1 x210" in q.source and "Q8_0 x1" in q.source
+    head = q.linears.pop("lm_head.weight")  # Q8_0, re-rounded to int8 per channel: close, not exact
+    exact = target.model.lm_head.weight.detach()
+    assert (head.dequantized() - exact).abs().max() <= exact.abs().amax(1).max() / 254 + 1e-6
     for name, lin in q.linears.items():
         assert torch.equal(lin.dequantized(), params[name].detach()), name
 

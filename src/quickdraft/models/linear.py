@@ -94,3 +94,39 @@ class Linear:
         if self.packed is not None and x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad):
             return _packed_call(x, self.packed)
         return F.linear(x, self.weight)
+
+
+class PackedRows:
+    """Packed bf16 linears reading one input, as one oneDNN weight over their concatenated rows; a
+    forward that is not bf16 inference calls the parts (no unpacked copy is kept)."""
+
+    __slots__ = ("parts", "packed")
+
+    def __init__(self, parts: list[Linear]) -> None:
+        self.parts = parts
+        self.packed = _pack(torch.cat([p.weight for p in parts]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, in) -> (n, sum of the parts' out)."""
+        if x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad):
+            return _packed_call(x, self.packed)
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def fuse_rows(parts: list) -> list:
+    """Linears reading the same input, as one kernel call where their kinds allow (q, k, v; gate, up):
+    packed bf16 Linears, Int8Linears or Int4Linears (one group size) over the concatenated output rows
+    (rows are independent: the result is the parts' outputs side by side). Returns [fused] or the parts."""
+    from quickdraft.models.quant import concat_rows  # the quantized kinds know their own layout
+
+    if all(isinstance(p, Linear) and p.packed is not None for p in parts):
+        return [PackedRows(list(parts))]
+    fused = concat_rows(list(parts))
+    return list(parts) if fused is None else [fused]
+
+
+def apply_rows(parts: list, sizes: list[int], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of `fuse_rows`'s result on x: (n, sizes[i]) each."""
+    if len(parts) == 1:
+        return list(parts[0](x).split(sizes, dim=-1))
+    return [p(x) for p in parts]

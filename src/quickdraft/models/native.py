@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quickdraft.models.linear import Linear, packed_pays
+from quickdraft.models.linear import Linear, apply_rows, fuse_rows, packed_pays
 
 
 def unsupported_reason(model) -> str | None:
@@ -40,14 +40,15 @@ def unsupported_reason(model) -> str | None:
 
 @dataclass
 class _Layer:
+    """One block's weights; q, k, v (and gate, up) are one kernel call where `fuse_rows` can join them."""
+
     attn_norm: torch.Tensor
-    wq: Callable
-    wk: Callable
-    wv: Callable
+    qkv: list[Callable]
+    qkv_sizes: list[int]
     wo: Callable
     mlp_norm: torch.Tensor
-    gate: Callable
-    up: Callable
+    gate_up: list[Callable]
+    gate_up_sizes: list[int]
     down: Callable
 
 
@@ -115,16 +116,17 @@ class NativeLlama:
         self.layers = []
         for i, block in enumerate(inner.layers):
             attn, mlp, at = block.self_attn, block.mlp, f"model.layers.{i}."
+            qkv = [linear(at + f"self_attn.{n}_proj.weight", getattr(attn, f"{n}_proj")) for n in "qkv"]
+            gate_up = [linear(at + f"mlp.{n}_proj.weight", getattr(mlp, f"{n}_proj")) for n in ("gate", "up")]
             self.layers.append(
                 _Layer(
                     block.input_layernorm.weight,
-                    linear(at + "self_attn.q_proj.weight", attn.q_proj),
-                    linear(at + "self_attn.k_proj.weight", attn.k_proj),
-                    linear(at + "self_attn.v_proj.weight", attn.v_proj),
+                    fuse_rows(qkv),
+                    [attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0]],
                     linear(at + "self_attn.o_proj.weight", attn.o_proj),
                     block.post_attention_layernorm.weight,
-                    linear(at + "mlp.gate_proj.weight", mlp.gate_proj),
-                    linear(at + "mlp.up_proj.weight", mlp.up_proj),
+                    fuse_rows(gate_up),
+                    [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]],
                     linear(at + "mlp.down_proj.weight", mlp.down_proj),
                 )
             )
@@ -160,9 +162,10 @@ class NativeLlama:
 
     def _attention(self, layer: int, w: _Layer, x, cache: StaticKV, at: int, cos, sin, mask) -> torch.Tensor:
         n = x.shape[0]
-        q = w.wq(x).view(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
-        k = w.wk(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
-        v = w.wv(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        q, k, v = apply_rows(w.qkv, w.qkv_sizes, x)
+        q = q.reshape(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
+        k = k.reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
+        v = v.reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         cache.k[layer, :, at : at + n] = k
         cache.v[layer, :, at : at + n] = v
@@ -220,8 +223,8 @@ class NativeLlama:
                 kept[i] = x
             w = self.layers[i]
             x = x + self._attention(i, w, self.rms_norm(x, w.attn_norm), cache, at, cos, sin, mask)
-            h = self.rms_norm(x, w.mlp_norm)
-            x = x + w.down(F.silu(w.gate(h)) * w.up(h))
+            gate, up = apply_rows(w.gate_up, w.gate_up_sizes, self.rms_norm(x, w.mlp_norm))
+            x = x + w.down(F.silu(gate) * up)
         if stop in keep_hidden:
             kept[stop] = x
         if stop == self.num_layers:

@@ -172,3 +172,14 @@ def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
     if spec.mode == "int4":
         return int4_linear(weight, spec.group)
     raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")
+
+
+def concat_rows(parts: list):
+    """One Int8Linear / Int4Linear over the parts' concatenated output rows, or None when the parts
+    are not all of one quantized kind (and, for int4, one group size)."""
+    if all(isinstance(p, Int8Linear) for p in parts):
+        return Int8Linear(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, Int4Linear) for p in parts) and len({p.group for p in parts}) == 1:
+        cat = [torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "zero")]
+        return Int4Linear(*cat, group=parts[0].group)
+    return None
