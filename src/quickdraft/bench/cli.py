@@ -53,7 +53,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.runner import BenchConfig, run_bench
     from quickdraft.options import given_options, options_from
 
-    model = options_from(given_options(args, ("target", "dtype", "threads", "runtime", "device")))  # as everywhere
+    model = options_from(given_options(args, ("target", "dtype", "threads", "runtime", "device", "quantize")))
     for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win
         if getattr(args, key) is None:
             setattr(args, key, value if args.quick else DEFAULTS.get(key))
@@ -69,6 +69,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         threads=model.threads,
         runtime=model.runtime,
         device=model.device,
+        quantize=model.quantize,
         out=args.out,
         command="quickdraft " + shlex.join(sys.argv[1:]),
     )

@@ -120,9 +120,11 @@ def _int(spec: MethodSpec, key: str, default: int) -> int:
 class QuickdraftMethod:
     """Our own methods (ar, sd, pearl) through the Engine, options parsed as everywhere else."""
 
-    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto") -> None:
+    def __init__(
+        self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"
+    ) -> None:
         self.spec = spec
-        values = {"method": spec.name, "dtype": dtype, "runtime": runtime, **dict(spec.options)}
+        values = {"method": spec.name, "dtype": dtype, "runtime": runtime, "quantize": quantize, **dict(spec.options)}
         allowed = ("method", "dtype", "runtime", "quantize", *METHODS[spec.name].options)
         config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
         self.engine = Engine(target, config)
@@ -174,7 +176,9 @@ class HFAssisted:
     tokens per target forward is available.
     """
 
-    def __init__(self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "hf") -> None:
+    def __init__(
+        self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "hf", quantize: str = "none"
+    ) -> None:
         self.spec, self.target = spec, target  # transformers' generate(): its own forward, always
         self.speculative = spec.name == "hf-assisted"
         self.forwards = 0
@@ -226,5 +230,7 @@ class HFAssisted:
 PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted}
 
 
-def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto"):
-    return PEER_CLASSES.get(spec.name, QuickdraftMethod)(spec, target, dtype, runtime)
+def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"):
+    """A bench method; `quantize` is the default weights of ours (peers run transformers' own forward
+    on the loaded weights, never quantized)."""
+    return PEER_CLASSES.get(spec.name, QuickdraftMethod)(spec, target, dtype, runtime, quantize)

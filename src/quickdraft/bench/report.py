@@ -72,6 +72,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         f"Machine: {mach['cpu']} ({mach['cpu_capability']}; flags: {', '.join(mach.get('cpu_flags', [])) or '?'}), "
         f"device {mach.get('device', 'cpu')}, {mach['threads']} torch threads, torch {mach['torch']}, "
         f"Python {mach['python']}; finished {summary['finished']}. Target: {cfg['target'] or 'SmolLM2-135M-Instruct'}"
+        f"{'' if cfg.get('quantize', 'none') == 'none' else ' with ' + cfg['quantize'] + ' weights'}"
         f", runtime {cfg.get('runtime', 'hf')} (peers hf-*: transformers' own generate()).",
         "",
         "tokens/s = Σ new tokens / Σ wall seconds; speedup = the method's tokens/s over plain decoding's on "

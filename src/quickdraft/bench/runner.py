@@ -42,6 +42,7 @@ class BenchConfig:
     threads: int | None = None
     runtime: str = "auto"
     device: str = "auto"
+    quantize: str = "none"  # the default weights of our methods (a method's own quantize= key wins)
     out: str = "bench-out"
     command: str = ""
     extra: dict = field(default_factory=dict)
@@ -83,7 +84,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     specs = _methods_with_ar(config.methods)
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
-    methods = {s.text: build_method(s, target, config.dtype, config.runtime) for s in specs}
+    methods = {s.text: build_method(s, target, config.dtype, config.runtime, config.quantize) for s in specs}
     codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
