@@ -282,3 +282,33 @@ def test_bench_runs_a_quantized_target_beside_the_plain_one(tiny_model_dir, tmp_
     assert summary["sd:drafter=quant:int8"]["lossless_match_rate"] == 1.0
     assert summary["sd:drafter=quant:int8"]["num_accepted_draft_tokens"] > 0
     assert "run a different target" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bench_quantize_flag_sets_the_weights_of_every_method_of_ours(tiny_model_dir, tmp_path):
+    import json
+
+    from quickdraft.bench.runner import BenchConfig, run_bench
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 0, "category": "c", "turns": ["abc abc abc"]}) + "\n")
+    cfg = BenchConfig(
+        methods="ar,sd:drafter=ngram,sd:drafter=ngram,quantize=none",
+        prompts=str(prompts),
+        max_new_tokens=8,
+        target=tiny_model_dir,
+        dtype="float32",
+        quantize="int8",
+        out=str(tmp_path / "out"),
+    )
+    summary = run_bench(cfg, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    weights = {r["method"]: r["quantize"] for r in rows}
+    assert weights == {
+        "ar": "int8",
+        "ar:quantize=none": "none",  # added: the plain decoding the unquantized method is compared with
+        "sd:drafter=ngram": "int8",
+        "sd:drafter=ngram,quantize=none": "none",
+    }
+    assert summary["methods"]["sd:drafter=ngram,quantize=none"]["lossless_match_rate"] == 1.0
+    assert summary["methods"]["sd:drafter=ngram"]["lossless_match_rate"] == 1.0
+    assert "with int8 weights" in (tmp_path / "out" / "report.md").read_text()

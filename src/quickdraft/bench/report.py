@@ -36,10 +36,11 @@ def _quantized_note(summary: dict) -> list[str]:
     quantized = {m: s for m, s in summary["methods"].items() if s.get("quantize")}
     if not quantized:
         return []
+    base = summary["methods"].get("ar", {}).get("quantize", "none")
     lines = [
-        "Methods with `quantize=...` run a different target: the quantized one. Their speedup above is over "
-        "plain decoding of the unquantized target; matches ar compares with plain decoding of the same "
-        "quantized weights (what lossless means for them). Over plain decoding of their own weights:",
+        "Methods on quantized weights run a different target: the quantized one. Their speedup above is over "
+        f"`ar` ({'bf16/unquantized' if base == 'none' else base} weights); matches ar compares with plain "
+        "decoding of the same weights (what lossless means for them). Over plain decoding of their own weights:",
         "",
     ]
     for m, s in quantized.items():

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.bench.methods import MethodSpec, build_method, parse_methods
+from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel, load_model
@@ -62,13 +62,19 @@ def machine_info(config_device: str = "cpu") -> dict:
     }
 
 
-def _methods_with_ar(text: str) -> list[MethodSpec]:
-    """The methods, with plain decoding first, and plain decoding of each quantized target used."""
+def _weights(spec: MethodSpec, default: str) -> str:
+    """The weights a method runs on: its own quantize key, else the bench's; peers: never quantized."""
+    return "none" if spec.name in PEER_CLASSES else spec.get("quantize", default)
+
+
+def _methods_with_ar(text: str, default: str = "none") -> list[MethodSpec]:
+    """The methods, with plain decoding first, and plain decoding of every other weight form used
+    (what "lossless" compares with)."""
     specs = parse_methods(text)
     if not any(s.text == "ar" for s in specs):
         specs.insert(0, MethodSpec("ar"))
-    for q in dict.fromkeys(s.get("quantize") for s in specs if s.get("quantize") not in (None, "none")):
-        if not any(s.name == "ar" and s.get("quantize") == q for s in specs):
+    for q in dict.fromkeys(_weights(s, default) for s in specs):
+        if not any(s.name == "ar" and _weights(s, default) == q for s in specs):
             specs.insert(1, MethodSpec("ar", (("quantize", q),)))
     if len({s.text for s in specs}) != len(specs):
         raise QuickdraftError("a method is listed twice")
@@ -81,7 +87,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
         raise QuickdraftError("--runs and --max-new-tokens must be >= 1")
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    specs = _methods_with_ar(config.methods)
+    specs = _methods_with_ar(config.methods, config.quantize)
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
     methods = {s.text: build_method(s, target, config.dtype, config.runtime, config.quantize) for s in specs}
