@@ -106,7 +106,8 @@ def main() -> None:
         f"Machine: {result['machine']['cpu']} ({result['machine']['cpu_capability']}), {args.threads} threads, "
         f"torch {result['machine']['torch']}; agreement over {len(seqs)} Spec-Bench prompts x {args.tokens} tokens.",
         "",
-        "| weights | " + " | ".join(f"{r} row{'s' if r > 1 else ''} (ms)" for r in ROWS)
+        "| weights | "
+        + " | ".join(f"{r} row{'s' if r > 1 else ''} (ms)" for r in ROWS)
         + " | 1-row speed vs bf16 | greedy agreement with bf16 |",
         "|---|" + "---|" * (len(ROWS) + 2),
     ]

@@ -100,6 +100,13 @@ GROUPS: dict[str, list[Step]] = {
             "--draft-length 1",
             SMALL,
         ),
+        Step("quickdraft generate ... --quantize gguf", SMALL),
+        Step("quickdraft generate ... --quantize int8 --method ar", SMALL),
+        Step("quickdraft generate ... --drafter quant:gguf --draft-length 4", SMALL),
+        Step(
+            "quickdraft bench --quick --methods ar,ar:quantize=gguf,sd:quantize=gguf,sd:drafter=quant:int4",
+            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+        ),
         Step("quickdraft export --to vllm --drafter ngram --draft-length 4"),
         Step("quickdraft export --to vllm --drafter truncated:6 --draft-out ./draft6"),
     ],

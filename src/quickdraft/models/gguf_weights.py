@@ -2,15 +2,16 @@
 
     Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact)
     Q4_1  d, m (fp16) + 32 codes: w = q d + m       -> int4 groups of 32: scale d, zero m + 8 d
-    Q8_0  d (fp16) + 32 int8: w = q d               -> bf16 (packed) or int8 per channel: the block
-                                                        scales do not fit one scale per row, so this
-                                                        is the one type that is re-rounded
-    F32 / F16 / BF16                                -> kept as float weights (read from the model)
+    Q8_0  d (fp16) + 32 int8: w = q d               -> int8 per channel (re-rounded: the block scales
+                                                        do not fit one scale per row), or left to the
+                                                        loaded model's own float weight ("bf16")
+    F32 / F16 / BF16                                -> left to the loaded model's own float weight
 
-In float32 the int4 forms reproduce the GGUF's dequantized values up to one rounding of
-(q - 8) d + (m + 8 d) against q d + m (tested); with bf16 activations the kernel holds d and m + 8 d
-in bf16 (8 bits of mantissa against fp16's 11), which is where a bf16 run differs from the GGUF's
-own arithmetic. llama.cpp stores Llama's q and k rows permuted for its RoPE: the same row order
+In float32 the int4 forms reproduce the GGUF's dequantized values exactly (tested on the `gguf`
+package's own quantizer and on every linear of the default target; (q - 8) d + (m + 8 d) could round
+once where q d + m does not, and did not there); with bf16 activations the kernel holds d and
+m + 8 d in bf16 (8 bits of mantissa against fp16's 11), which is where a bf16 run differs from the
+GGUF's own arithmetic. llama.cpp stores Llama's q and k rows permuted for its RoPE: the same row order
 transformers undoes is undone here (rows are independent, so exactly).
 """
 
@@ -78,18 +79,19 @@ def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-def gguf_linears(path: Path, config, q8: str = "bf16") -> tuple[dict[str, object], dict[str, int]]:
+def gguf_linears(path: Path, config, q8: str = "int8") -> tuple[dict[str, object], dict[str, int]]:
     """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
 
     Args:
         path: the .gguf file.
         config: the model's Hugging Face config (heads, kv heads, tie_word_embeddings).
-        q8: what Q8_0 tensors (the default target's tied LM head) become: "bf16" (their exact float32
-            values, which the runtime casts to its dtype) or "int8" (per channel, re-rounded from them).
+        q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
+            re-rounded from their exact float32 values) or "bf16" (left to the model's own weight).
 
     Returns:
-        ({name: Int4Linear | Int8Linear | float32 (out, in) tensor}, {GGUF type: tensor count}).
-        Float tensors are returned as weights for the caller's own Linear.
+        ({name: Int4Linear | Int8Linear}, {GGUF type: count of the linears' tensors}). Linears left to
+        the loaded model (float types; Q8_0 as "bf16") are counted but not returned: the model was
+        converted from this same file, so its weights hold the same values.
     """
     from gguf import GGUFReader
 
@@ -107,13 +109,12 @@ def gguf_linears(path: Path, config, q8: str = "bf16") -> tuple[dict[str, object
             continue
         types[kind] = types.get(kind, 0) + 1
         raw = np.asarray(t.data)
+        if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
+            continue
         if kind in ("Q4_0", "Q4_1"):
-            codes, scale, zero = q4_blocks(raw, kind)
-            form: object = (codes, scale, zero)
+            form: object = q4_blocks(raw, kind)
         elif kind == "Q8_0":
             form = q8_0_blocks(raw)
-        elif kind in ("F32", "F16", "BF16"):
-            form = torch.from_numpy(raw.astype(np.float32)).reshape(raw.shape[0], -1)
         else:
             raise QuickdraftError(
                 f"{path.name}: tensor {t.name} has GGUF type {kind}, which has no kernel form here "
@@ -123,10 +124,7 @@ def gguf_linears(path: Path, config, q8: str = "bf16") -> tuple[dict[str, object
             n = raw.shape[0]
             order = unpermute_rows(n, heads if match.group(2) == "attn_q" else kv_heads)
             form = tuple(x[order] for x in form) if isinstance(form, tuple) else form[order]
-        if isinstance(form, tuple):
-            form = Int4Linear(*form, group=32)
-        elif kind == "Q8_0" and q8 == "int8":
-            form = int8_linear(form)
+        form = Int4Linear(*form, group=32) if isinstance(form, tuple) else int8_linear(form)
         name = "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
         linears[name] = form
     return linears, types

@@ -107,7 +107,7 @@ class Int4Linear:
         out, k = q.shape
         if group not in INT4_GROUPS or k % group:
             raise QuickdraftError(f"int4 groups of {group} do not divide an input of {k} (groups: 32 or 64)")
-        self.codes = q.to(torch.uint8)  # kept for rows() and dequantized(): half a byte of overhead each
+        self.codes = q.to(torch.uint8)  # kept for rows(), joins and dequantized(): a byte per weight, off the hot path
         pad = -out % 16  # the packing takes rows in sixteens: zero rows, cut from the output
         codes = torch.cat([q.to(torch.int32), q.new_zeros(pad, k, dtype=torch.int32)]) if pad else q.to(torch.int32)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)

@@ -120,9 +120,7 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
                 f"--quantize gguf: {loaded.name} was not loaded from a GGUF file (the embedded default is); "
                 "use --quantize int4 or int8"
             )
-        forms, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
-        # float forms hold the values the loaded model already has (converted from the same file)
-        linears = {name: form for name, form in forms.items() if not isinstance(form, torch.Tensor)}
+        linears, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
         counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
         source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
     elif spec.active:
