@@ -312,3 +312,13 @@ def test_bench_quantize_flag_sets_the_weights_of_every_method_of_ours(tiny_model
     assert summary["methods"]["sd:drafter=ngram,quantize=none"]["lossless_match_rate"] == 1.0
     assert summary["methods"]["sd:drafter=ngram"]["lossless_match_rate"] == 1.0
     assert "with int8 weights" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_quant_self_draft_reviews_in_a_cascade_and_stays_lossless():
+    """`quant:` as a CS Drafting level (it reviews the n-gram level's drafts), greedy in float64."""
+    target = _hidden64(torch.float64)
+    prompt, stop = [3, 4, 5, 3, 4, 5, 3], StopConfig(32)
+    ref = Engine(target, EngineConfig(method="ar", dtype="float64")).generate_ids(prompt, GREEDY, stop)
+    engine = Engine(target, EngineConfig(method="sd", drafter="csd:quant:int4>ngram:2", dtype="float64"))
+    res = engine.generate_ids(prompt, GREEDY, stop)
+    assert res.token_ids == ref.token_ids and res.stats.num_draft_tokens > 0

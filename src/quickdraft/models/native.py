@@ -43,8 +43,7 @@ class _Layer:
     """One block's weights; q, k, v (and gate, up) are one kernel call where `fuse_rows` can join them."""
 
     attn_norm: torch.Tensor
-    qkv: list[Callable]
-    qkv_sizes: list[int]
+    qkv: list[Callable]  # q, k and v rows: one fused linear, or the three
     wo: Callable
     mlp_norm: torch.Tensor
     gate_up: list[Callable]
@@ -122,7 +121,6 @@ class NativeLlama:
                 _Layer(
                     block.input_layernorm.weight,
                     fuse_rows(qkv),
-                    [attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0]],
                     linear(at + "self_attn.o_proj.weight", attn.o_proj),
                     block.post_attention_layernorm.weight,
                     fuse_rows(gate_up),
@@ -145,9 +143,8 @@ class NativeLlama:
         )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
+        """HF's LlamaRMSNorm (in float32, weight applied after the cast back) as one fused aten op."""
+        return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq  # (n, d/2), float32 as in HF
@@ -161,12 +158,12 @@ class NativeLlama:
         return x * cos + rotated * sin
 
     def _attention(self, layer: int, w: _Layer, x, cache: StaticKV, at: int, cos, sin, mask) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = apply_rows(w.qkv, w.qkv_sizes, x)
-        q = q.reshape(n, self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
-        k = k.reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)  # (KVH, n, d)
-        v = v.reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        n, heads, qk_heads = x.shape[0], self.heads, self.heads + self.kv_heads
+        y = w.qkv[0](x) if len(w.qkv) == 1 else torch.cat([p(x) for p in w.qkv], dim=-1)
+        y = y.view(n, qk_heads + self.kv_heads, self.head_dim)  # q, k and v heads side by side
+        qk = self._rotate(y[:, :qk_heads], cos[:, None], sin[:, None])  # RoPE on q and k heads at once
+        q, k = qk[:, :heads].transpose(0, 1), qk[:, heads:].transpose(0, 1)  # (H, n, d), (KVH, n, d)
+        v = y[:, qk_heads:].transpose(0, 1)
         cache.k[layer, :, at : at + n] = k
         cache.v[layer, :, at : at + n] = v
         keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]  # (KVH, S, d)
