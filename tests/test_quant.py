@@ -322,3 +322,9 @@ def test_quant_self_draft_reviews_in_a_cascade_and_stays_lossless():
     engine = Engine(target, EngineConfig(method="sd", drafter="csd:quant:int4>ngram:2", dtype="float64"))
     res = engine.generate_ids(prompt, GREEDY, stop)
     assert res.token_ids == ref.token_ids and res.stats.num_draft_tokens > 0
+
+
+def test_no_quantization_accepts_any_dtype():
+    """`none` builds nothing and checks no kernel dtype (the parallel PEARL target calls it always)."""
+    q = quantize_model(_hidden64(torch.float64), "none")
+    assert q.linears == {} and not q.spec.active

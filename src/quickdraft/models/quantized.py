@@ -111,7 +111,8 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
     `gguf` on a model that did not come from a GGUF file.
     """
     spec = parse_quantize(spec) if isinstance(spec, str) else spec
-    check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
+    if spec.active:
+        check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
     start = time.perf_counter()
     config = loaded.model.config
     if spec.mode == "gguf":
