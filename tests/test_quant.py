@@ -328,3 +328,17 @@ def test_no_quantization_accepts_any_dtype():
     """`none` builds nothing and checks no kernel dtype (the parallel PEARL target calls it always)."""
     q = quantize_model(_hidden64(torch.float64), "none")
     assert q.linears == {} and not q.spec.active
+
+
+def test_a_bf16_model_is_quantized_from_its_float32_checkpoint(tiny_model_dir):
+    """Loaded in bf16, the weights come from the folder's float32 tensors, not the bf16-rounded copies."""
+    from quickdraft.models.loading import load_model
+
+    bf16, f32 = load_model(tiny_model_dir, "bfloat16"), load_model(tiny_model_dir, "float32")
+    q = quantize_model(bf16, "int8")
+    assert "torch.float32 checkpoint" in q.source
+    name = "model.layers.1.mlp.up_proj.weight"
+    exact = int8_linear(dict(f32.model.named_parameters())[name])
+    assert torch.equal(q.linears[name].q, exact.q) and torch.equal(q.linears[name].scales, exact.scales)
+    rounded = int8_linear(dict(bf16.model.named_parameters())[name])
+    assert not torch.equal(q.linears[name].q, rounded.q)  # the bf16 copy would have given other codes

@@ -20,6 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models.quant import concat_rows  # the quantized kinds know their own layout
+
 _PAYS: dict[tuple, bool] = {}
 
 
@@ -117,8 +119,6 @@ def fuse_rows(parts: list) -> list:
     """Linears reading the same input, as one kernel call where their kinds allow (q, k, v; gate, up):
     packed bf16 Linears, Int8Linears or Int4Linears (one group size) over the concatenated output rows
     (rows are independent: the result is the parts' outputs side by side). Returns [fused] or the parts."""
-    from quickdraft.models.quant import concat_rows  # the quantized kinds know their own layout
-
     if all(isinstance(p, Linear) and p.packed is not None for p in parts):
         return [PackedRows(list(parts))]
     fused = concat_rows(list(parts))

@@ -62,9 +62,10 @@ class NativeCachedModel(TokenCacheVerbs):
             self.head_linear = Linear(self.head, self.net.packed)  # packed where the blocks are
         elif self.head_ids is not None:
             self.head_linear = quantized.rows(self.head_ids)
+        elif quantized.out_features != self.vocab_size:
+            self.head_linear = quantized.rows(torch.arange(self.vocab_size))  # drops a padded tail
         else:
-            rows = torch.arange(self.vocab_size)
-            self.head_linear = quantized if quantized.out_features == self.vocab_size else quantized.rows(rows)
+            self.head_linear = quantized
 
     @property
     def length(self) -> int:

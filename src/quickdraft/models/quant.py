@@ -55,6 +55,12 @@ def parse_quantize(text: str | None) -> QuantSpec:
     return QuantSpec(mode, int(group))
 
 
+def check_group(group: int, k: int) -> None:
+    """Refuse int4 groups the kernel lacks or that do not divide an input of `k`."""
+    if group not in INT4_GROUPS or k % group:
+        raise QuickdraftError(f"int4 groups of {group} do not divide an input of {k} (groups: 32 or 64)")
+
+
 def check_dtype(dtype: torch.dtype, what: str = "a quantized model") -> None:
     if dtype not in KERNEL_DTYPES:
         raise QuickdraftError(f"{what} runs in bfloat16 or float32 (the int8/int4 kernels take no {dtype})")
@@ -105,8 +111,7 @@ class Int4Linear:
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> None:
         out, k = q.shape
-        if group not in INT4_GROUPS or k % group:
-            raise QuickdraftError(f"int4 groups of {group} do not divide an input of {k} (groups: 32 or 64)")
+        check_group(group, k)
         self.codes = q.to(torch.uint8)  # kept for rows(), joins and dequantized(): a byte per weight, off the hot path
         pad = -out % 16  # the packing takes rows in sixteens: zero rows, cut from the output
         codes = torch.cat([q.to(torch.int32), q.new_zeros(pad, k, dtype=torch.int32)]) if pad else q.to(torch.int32)
@@ -156,8 +161,7 @@ def int4_linear(weight: torch.Tensor, group: int = 32) -> Int4Linear:
     back on it up to float32 rounding)."""
     w = weight.detach().float()
     out, k = w.shape
-    if group not in INT4_GROUPS or k % group:
-        raise QuickdraftError(f"int4 groups of {group} do not divide an input of {k} (groups: 32 or 64)")
+    check_group(group, k)
     blocks = w.view(out, k // group, group)
     lo, hi = blocks.amin(-1), blocks.amax(-1)
     scale = ((hi - lo) / 15).clamp_min(1e-12)

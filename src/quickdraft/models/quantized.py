@@ -63,27 +63,31 @@ def linear_names(config) -> list[str]:
     return [f"model.layers.{i}.{lin}.weight" for i in range(layers) for lin in LINEARS] + ["lm_head.weight"]
 
 
-def _checkpoint_reader(folder: Path):
-    """name -> tensor as stored in a folder's safetensors (None if absent), or None without files."""
+def _checkpoint_reader(folder: Path | None):
+    """(name -> float32 tensor or None, the stored dtype of the LM head ("F32", "BF16", ...)) for a
+    folder's safetensors, or None without files. Dtypes come from the headers: nothing is read twice."""
     from safetensors import safe_open
 
     files = sorted(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
     if not files:
         return None
-    where = {}
+    where: dict[str, tuple[Path, str]] = {}
     for f in files:
         with safe_open(f, framework="pt") as reader:
-            where.update({name: f for name in reader.keys()})  # noqa: SIM118 (a reader, not a dict)
+            where.update({name: (f, reader.get_slice(name).get_dtype()) for name in reader.keys()})  # noqa: SIM118
+
+    def stored(name: str) -> str:
+        return "model.embed_tokens.weight" if name == "lm_head.weight" and name not in where else name  # tied
 
     def read(name: str) -> torch.Tensor | None:
-        if name == "lm_head.weight" and name not in where:
-            name = "model.embed_tokens.weight"  # a tied head
+        name = stored(name)
         if name not in where:
             return None
-        with safe_open(where[name], framework="pt") as reader:
-            return reader.get_tensor(name)
+        with safe_open(where[name][0], framework="pt") as reader:
+            return reader.get_tensor(name).float()
 
-    return read
+    head = where.get(stored("lm_head.weight"))
+    return read, None if head is None else head[1]
 
 
 def _float32_source(loaded: LoadedModel):
@@ -92,15 +96,18 @@ def _float32_source(loaded: LoadedModel):
     params.setdefault("lm_head.weight", loaded.model.get_output_embeddings().weight)
     if loaded.model.dtype in (torch.float32, torch.float64):
         return (lambda name: params[name].detach().float()), f"the model's {loaded.model.dtype} weights"
-    read = _checkpoint_reader(loaded.source)
-    stored = None if read is None else read("lm_head.weight")
-    if stored is not None and stored.dtype in (torch.float32, torch.float64):
+    checkpoint = _checkpoint_reader(loaded.source)
+    if checkpoint is not None and checkpoint[1] in ("F32", "F64"):
+        read = checkpoint[0]
 
         def weight(name: str) -> torch.Tensor:
             found = read(name)
-            return params[name].detach().float() if found is None else found.float()
+            return params[name].detach().float() if found is None else found
 
-        return weight, f"the {stored.dtype} checkpoint in {loaded.source}"
+        return (
+            weight,
+            f"the torch.{ {'F32': 'float32', 'F64': 'float64'}[checkpoint[1]] } checkpoint in {loaded.source}",
+        )
     return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
 
 
@@ -126,9 +133,10 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
         source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
     elif spec.active:
         weight, source = _float32_source(loaded)
+        head = parse_quantize(INT4_HEAD) if spec.mode == "int4" else spec
         linears = {}
         for name in linear_names(config):
-            form = parse_quantize(INT4_HEAD) if spec.mode == "int4" and name == "lm_head.weight" else spec
+            form = head if name == "lm_head.weight" else spec
             try:
                 linears[name] = quantize_weight(weight(name), form)
             except QuickdraftError as exc:
