@@ -134,10 +134,6 @@ class QuickdraftMethod:
     def speculative(self) -> bool:
         return METHODS[self.spec.name].uses_drafter
 
-    @property
-    def quantize(self) -> str:
-        return self.engine.config.quantize
-
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         from quickdraft.bench.cost import draft_steps, relative_costs
 

@@ -91,6 +91,8 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
     methods = {s.text: build_method(s, target, config.dtype, config.runtime, config.quantize) for s in specs}
+    plain = {s.text: s.name == "ar" for s in specs}
+    weights_of = {s.text: _weights(s, config.quantize) for s in specs}
     codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
@@ -108,8 +110,8 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                 ids = prompt_ids[rec.question_id]
                 for text, method in methods.items():
                     res = method.run(ids, config.max_new_tokens)
-                    weights = getattr(method, "quantize", "none")
-                    if text.split(":")[0] == "ar":
+                    weights = weights_of[text]
+                    if plain[text]:
                         reference.setdefault((rec.question_id, weights), res.token_ids)
                     row = {
                         "question_id": rec.question_id,
