@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from quickdraft.models.cached_model import TokenCacheVerbs
 from quickdraft.models.loading import LoadedModel
 
 CHARS = string.ascii_lowercase + " .,!?"
@@ -70,8 +71,8 @@ def noisy_copy(target: LoadedModel, noise: float, seed: int = 1) -> LoadedModel:
 # --- Markov-chain fakes: exact, enumerable laws for distribution tests ---------------------------
 
 
-class MarkovModel:
-    """Quacks like CachedModel: the next-token logits depend only on the last token (log T[last])."""
+class MarkovModel(TokenCacheVerbs):
+    """A cache owner like CachedModel: the next-token logits depend only on the last token (log T[last])."""
 
     def __init__(self, transition: torch.Tensor) -> None:
         self.logT = transition.double().log()  # (V, V)

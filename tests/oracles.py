@@ -6,6 +6,19 @@ import torch
 
 from quickdraft.sampling import sample
 from quickdraft.types import Verdict
+from quickdraft.verifiers.base import Verifier
+
+
+class Named(Verifier):
+    """A broken verifier function under test (a negative control) as a verifier, labelled lossy."""
+
+    lossy = True
+
+    def __init__(self, fn) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __call__(self, *args) -> Verdict:
+        return self.fn(*args)
 
 
 def naive_prompt_lookup(context: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

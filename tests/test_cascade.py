@@ -7,7 +7,7 @@ import torch
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.drafters import ModelDrafter
+from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.cascade import CascadeDrafter, check_k_matrix
 from quickdraft.drafters.mag import MaGDrafter, build_bigram, load_bigram, save_bigram
 from quickdraft.drafters.spec import parse_cascade, parse_drafter_spec
@@ -25,8 +25,10 @@ def rule(context):
     return (context[-1] + 1) % V
 
 
-class StubReviewer:
+class StubReviewer(Drafter):
     """A reviewer whose greedy choice is `rule`, giving `side` probability to (last + 2) mod V."""
+
+    can_review = True
 
     def __init__(self, name="R", side=0.0):
         self.name, self.side, self.reviews, self.seen = name, side, 0, []
@@ -61,7 +63,7 @@ class StubReviewer:
         return Proposal(torch.tensor(out))
 
 
-class StubBottom:
+class StubBottom(Drafter):
     """A model-free bottom: right for `good` tokens, then (last + 2) mod V."""
 
     def __init__(self, good=2):

@@ -17,17 +17,9 @@ from quickdraft.sampling import logits_to_probs
 from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import MarkovModel, random_transition
-from oracles import always_accept, bonus_from_wrong_position, resample_from_target
+from oracles import Named, always_accept, bonus_from_wrong_position, resample_from_target
 
 V = 6
-
-
-class Named:
-    def __init__(self, fn):
-        self.fn, self.name, self.lossy = fn, fn.__name__, True
-
-    def __call__(self, *args):
-        return self.fn(*args)
 
 
 def _chains(seed):

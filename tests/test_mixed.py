@@ -13,7 +13,7 @@ from test_tree import MarkovTree
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.tree import TreeDecoder
-from quickdraft.drafters import ModelDrafter, make_drafter
+from quickdraft.drafters import Drafter, ModelDrafter, make_drafter
 from quickdraft.drafters.mixed import MixedTreeDrafter, tree_paths
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix import SuffixDrafter, merge_scores, paths_to_tree
@@ -46,7 +46,7 @@ def test_spec_and_refusals():
     with pytest.raises(QuickdraftError):
         parse_drafter_spec("mix:ngram")
     with pytest.raises(QuickdraftError):
-        MixedTreeDrafter(SuffixDrafter(None), object.__new__(type("NoTrees", (), {"name": "x"})))
+        MixedTreeDrafter(SuffixDrafter(None), type("NoTrees", (Drafter,), {})())
 
 
 @pytest.fixture(scope="module")

@@ -174,19 +174,13 @@ def test_pearl_loop_has_target_law(pre, post):
 
 @pytest.mark.slow
 def test_pearl_law_test_fails_for_a_broken_verifier():
-    from oracles import always_accept
-
-    class Broken:
-        name, lossy = "always", True
-
-        def __call__(self, *a):
-            return always_accept(*a)
+    from oracles import Named, always_accept
 
     p, q = _chains(11)
     sampling = SamplingConfig(temperature=1.0)
     out = []
     for i in range(N // 2):
-        dec = PearlDecoder(MarkovModel(p), ModelDrafter(MarkovModel(q)), Broken(), PearlConfig(gamma=2), 2)
+        dec = PearlDecoder(MarkovModel(p), ModelDrafter(MarkovModel(q)), Named(always_accept), PearlConfig(gamma=2), 2)
         out.append(
             collect(dec.rounds([0], sampling, 5, Generators.from_seed(i)), StopConfig(max_new_tokens=5)).token_ids
         )

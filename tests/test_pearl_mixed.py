@@ -21,7 +21,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import MarkovModel
-from oracles import always_accept
+from oracles import Named, always_accept
 
 V = 6
 
@@ -123,11 +123,5 @@ def test_negative_control_the_old_defect_fails(monkeypatch):
 
 @pytest.mark.slow
 def test_negative_control_always_accept_fails():
-    class Broken:
-        name, lossy = "always", True
-
-        def __call__(self, *args):
-            return always_accept(*args)
-
-    p, samples, _, _ = _mixed_chain_samples(Broken())
+    p, samples, _, _ = _mixed_chain_samples(Named(always_accept))
     assert min(_pair_pvalues(samples, PROMPT[-1], p, LENGTH)) < 1e-12

@@ -17,21 +17,13 @@ from quickdraft.models.cached_model import CachedModel
 from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import noisy_copy, tiny_llama
-from oracles import always_accept, resample_from_target
+from oracles import Named, always_accept, resample_from_target
 
 pytestmark = pytest.mark.slow
 
 V, LENGTH, K, N = 6, 3, 2, 1500
 PROMPT = [1, 4, 2]
 SAMPLING = SamplingConfig(temperature=1.0)
-
-
-class Named:
-    def __init__(self, fn):
-        self.fn, self.name, self.lossy = fn, fn.__name__, True
-
-    def __call__(self, *args):
-        return self.fn(*args)
 
 
 def law_models():

@@ -12,7 +12,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from quickdraft import Engine, EngineConfig
-from quickdraft.drafters import ModelDrafter
+from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import LoadedModel
 from quickdraft.server.app import create_app
@@ -230,7 +230,7 @@ def test_health_is_503_while_loading():
 # --- a real server on loopback: the openai client, back-pressure, disconnects ---------------------
 
 
-class SlowDrafter:
+class SlowDrafter(Drafter):
     """Wraps a drafter and sleeps in every round, so a long generation is still running when the
     test disconnects (the tiny model alone finishes thousands of tokens in well under a second)."""
 

@@ -92,14 +92,26 @@ def test_inference_never_imports_training(area):
 def test_every_surface_takes_its_names_from_the_registries():
     from quickdraft.bench.methods import KEYS
     from quickdraft.decoding.registry import METHODS
-    from quickdraft.drafters import BUILDERS
-    from quickdraft.drafters.spec import SYNTAX
+    from quickdraft.drafters import BUILDERS, KINDS
     from quickdraft.options import OPTIONS
 
-    assert set(BUILDERS) == set(SYNTAX)
+    assert set(BUILDERS) == set(KINDS)
     assert set(METHODS) <= set(KEYS) and OPTIONS["method"].choices == tuple(METHODS)
     for method in METHODS.values():
         assert set(method.options) <= set(OPTIONS)
     text = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "options.py")
     assert "DraftConfig(" not in text.replace("class DraftConfig(", ""), "DraftConfig is built outside options.py"
     assert "method ==" not in text, "a surface switches on a method name"
+
+
+def test_capabilities_are_declared_not_probed():
+    """Drafters, verifiers and cache owners declare what they can do (base classes with defaults):
+    no hasattr on the project's own objects (the two left probe transformers' tokenizer outputs and
+    configs)."""
+    allowed = {"distill/data.py", "distill/student.py"}
+    probing = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if "hasattr(" in p.read_text() and str(p.relative_to(SRC)) not in allowed
+    )
+    assert not probing, probing

@@ -27,6 +27,8 @@ class MarkovTree(MarkovModel):
     """The Markov fake with the native runtime's tree verbs: a row's law depends only on its token,
     so positions and masks change nothing; compact keeps the chosen rows of the last extend."""
 
+    supports_trees = True
+
     def extend(self, tokens, last_only=False, positions=None, tree_mask=None):
         self._block = self.length
         return super().extend(tokens, last_only)

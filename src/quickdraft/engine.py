@@ -52,7 +52,7 @@ class Engine:
         self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime, linears=linears)
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
-            self.drafter = drafter or make_drafter(config.drafter, target, config.dtype, config.runtime)
+            self.drafter = drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)
         else:
             self.drafter = None
         self.parts = DecodeParts(self.target, self.drafter, config, target.name)
@@ -88,7 +88,8 @@ class Engine:
 
     def parallel_runner(self):
         """The running PEARL worker pair (started on first use; `close()` stops it)."""
-        runner = getattr(self.method.build(self.parts, SamplingConfig()), "runner", None)
+        self.method.build(self.parts, SamplingConfig())
+        runner = self.parts.started.get("pearl_parallel")
         if runner is None:
             raise QuickdraftError("this engine does not run parallel PEARL")
         return runner
@@ -112,7 +113,7 @@ class Engine:
         rounds = decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed))
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
         collector = Collector(stop, detokenize, decoder.lossy)
-        collector.stats.verifier = getattr(getattr(decoder, "verifier", None), "name", "")
+        collector.stats.verifier = decoder.verifier.name if decoder.verifier is not None else ""
         return rounds, collector
 
     def close(self) -> None:

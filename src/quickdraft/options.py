@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from quickdraft.config import DTYPES, DraftConfig
 from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.decoding.registry import METHODS
+from quickdraft.drafters.kinds import DrafterSpec, help_text
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.quant import parse_quantize
@@ -44,6 +45,7 @@ class EngineConfig:
         device: auto | cpu | cuda.
         quantize: the target's weights: none | int8 | int4[:G] | gguf (models/quant.py); a quantized
             target is a different model, and speculation is lossless with respect to it.
+        drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter).
     """
 
     method: str = "sd"
@@ -57,12 +59,14 @@ class EngineConfig:
     runtime: str = "auto"
     device: str = "auto"
     quantize: str = "none"
+    drafter_stages: tuple[DrafterSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise QuickdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if METHODS[self.method].uses_drafter:
-            parse_drafter_spec(self.drafter)  # a bad spec is refused before any model loads
+        # a bad spec is refused here, before any model loads
+        stages = parse_drafter_spec(self.drafter) if METHODS[self.method].uses_drafter else ()
+        object.__setattr__(self, "drafter_stages", stages)
         if self.dtype not in DTYPES:
             raise QuickdraftError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
@@ -111,14 +115,7 @@ OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
         Option("method", ("method",), str, "ar = plain, sd = speculative, pearl = PEARL", tuple(METHODS)),
-        Option(
-            "drafter",
-            ("drafter",),
-            str,
-            "suffix[:PATH][;cache=N] | ngram[:N[:M]] | model:PATH | truncated:N | distilled[:PATH] | head[:PATH] | "
-            "kangaroo[:PATH] | specdec[:PATH] | mag[:PATH] | csd[:LEVELS] | mix[:STAGE] | quant[:int4|int8|gguf] | "
-            "A+B",
-        ),
+        Option("drafter", ("drafter",), str, help_text()),
         Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
         Option(
             "draft_schedule",

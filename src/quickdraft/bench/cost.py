@@ -13,13 +13,9 @@ from quickdraft.models.timing import step_seconds
 
 
 def components(drafter) -> list:
-    """The drafters whose forwards are counted: a cascade's levels, a chain's stages, else itself."""
-    if drafter is None:
-        return []
-    for attr in ("levels", "drafters"):
-        if hasattr(drafter, attr):
-            return [c for d in getattr(drafter, attr) for c in components(d)]
-    return [drafter]
+    """The drafters whose forwards are counted: a cascade's levels, a chain's stages, a mixed tree's
+    sources (`Drafter.components`), else itself."""
+    return [] if drafter is None else drafter.components()
 
 
 def relative_costs(engine) -> list[float]:
@@ -33,9 +29,4 @@ def relative_costs(engine) -> list[float]:
 
 def draft_steps(engine) -> list[int]:
     """Forward calls of each draft component in the last generation (a cascade counts per level)."""
-    drafter = engine.drafter
-    if drafter is None:
-        return []
-    if hasattr(drafter, "levels") and hasattr(drafter, "calls"):
-        return list(drafter.calls)
-    return [getattr(d, "draft_steps", 0) for d in components(drafter)]
+    return [] if engine.drafter is None else engine.drafter.component_steps()

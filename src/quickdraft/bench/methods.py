@@ -18,7 +18,7 @@ import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.registry import METHODS
-from quickdraft.drafters import make_drafter, parse_drafter_spec
+from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
@@ -186,16 +186,20 @@ class HFAssisted:
         schedule = spec.get("schedule", "constant")
         if schedule not in ("constant", "heuristic"):
             raise QuickdraftError(f"{spec.text}: hf-assisted schedule is constant or heuristic")
-        if parse_drafter_spec(drafter)[0].kind == "ngram":
+        stages = parse_drafter_spec(drafter)
+        if len(stages) == 1 and stages[0].kind == "ngram":
             self.kwargs["prompt_lookup_num_tokens"] = k
         else:
-            draft = make_drafter(drafter, target, dtype)
-            if not hasattr(draft, "model"):
-                raise QuickdraftError(f"{spec.text}: hf-assisted takes drafter=ngram or a draft model, not {drafter}")
-            assistant = draft.model.model
+            if len(stages) > 1 or not KINDS[stages[0].kind].hf_model:
+                able = ", ".join(k.usage for k in KINDS.values() if k.hf_model)
+                raise QuickdraftError(f"{spec.text}: hf-assisted takes drafter=ngram or {able}, not {drafter}")
+            assistant = make_drafter(stages, target, dtype).model.model
             assistant.generation_config.num_assistant_tokens = k
             assistant.generation_config.num_assistant_tokens_schedule = schedule
             self.kwargs["assistant_model"] = assistant
+
+    def close(self) -> None:
+        """Nothing started."""
 
     def _count(self, module, args) -> None:
         self.forwards += 1

@@ -131,8 +131,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                     bar.set_postfix_str(f"{text[:24]} {row['new_tokens'] / max(res.wall_s, 1e-9):.1f} tok/s")
                     bar.update()
     for m in methods.values():  # stop worker processes (parallel PEARL)
-        if hasattr(m, "close"):
-            m.close()
+        m.close()
     summary = summarize(rows)
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)

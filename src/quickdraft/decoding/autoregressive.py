@@ -16,6 +16,7 @@ class Autoregressive:
 
     name = "ar"
     lossy = False
+    verifier = None  # nothing to verify
 
     def __init__(self, target: CachedModel, events: dict[str, int] | None = None) -> None:
         self.target = target

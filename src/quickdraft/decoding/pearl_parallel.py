@@ -145,9 +145,10 @@ class ParallelPearl:
         The same seed gives the same tokens as the sequential PearlDecoder."""
         from quickdraft.decoding.collect import Collector, run_to_end
         from quickdraft.decoding.common import Generators
+        from quickdraft.verifiers import make_verifier
 
         gens = Generators.from_seed(sampling.seed)
-        decoder = self.decoder(None)
+        decoder = self.decoder(make_verifier(self.spec.verifier, sampling))
         return run_to_end(decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, gens), Collector(stop))
 
     def close(self) -> None:
@@ -186,7 +187,7 @@ class ParallelPearlDecoder:
 
     def __init__(self, runner: ParallelPearl, verifier) -> None:
         self.runner, self.verifier = runner, verifier
-        self.lossy = bool(getattr(verifier, "lossy", False))
+        self.lossy = verifier.lossy
 
     def rounds(self, prompt_ids, sampling: SamplingConfig, max_new_tokens: int, generators):
         return self.runner.rounds(prompt_ids, sampling, max_new_tokens, generators.seed)

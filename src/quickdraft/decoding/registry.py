@@ -29,6 +29,7 @@ class DecodeOptions(Protocol):
     this module never imports the options module, which imports it for the method table."""
 
     drafter: str
+    drafter_stages: tuple  # the parsed `drafter` (drafters.kinds.DrafterSpec stages)
     draft: DraftConfig
     verifier: str | None
     pearl: PearlConfig
@@ -39,21 +40,22 @@ class DecodeOptions(Protocol):
 
 @dataclass
 class DecodeParts:
-    """What decoders are built from: the target's cache owner, the drafter, the options, and a
-    per-engine memo for what is measured or started once (PEARL's gamma, its worker processes)."""
+    """What decoders are built from: the target's cache owner, the drafter, the options, a per-engine
+    memo of what is measured once (PEARL's gamma, the tree budget) and what a decoder started once
+    and `close` stops (PEARL's worker processes)."""
 
     target: CachedModel
     drafter: Drafter | None
     config: DecodeOptions
     target_name: str | None = None
     memo: dict = field(default_factory=dict)
+    started: dict = field(default_factory=dict)  # name -> an object with close()
 
     def close(self) -> None:
         """Stop whatever a decoder started (worker processes)."""
-        for value in list(self.memo.values()):
-            close = getattr(value, "close", None)
-            if close is not None:
-                close()
+        for value in list(self.started.values()):
+            value.close()
+        self.started.clear()
         self.memo.clear()
 
 
@@ -76,10 +78,10 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     on this host's measured verify-cost curve (models/cost_curve.py), once per engine; every other
     drafter, a target without tree support (the HF runtime) and the lossy verifiers get a chain
     (budget 0). The events say which, in the statistics."""
-    gain = getattr(parts.drafter, "tree_gain", None)
+    gain = None if parts.drafter is None else parts.drafter.tree_gain
     if not gain:
         return 0, {}
-    if not hasattr(parts.target, "compact") or parts.config.verifier not in (None, "greedy", "speculative"):
+    if not parts.target.supports_trees or parts.config.verifier not in (None, "greedy", "speculative"):
         return 0, {"tree_auto_fallback_chain": 1}
     if "tree_budget" not in parts.memo:
         from quickdraft.models.cost_curve import best_budget, cost_curve
@@ -113,32 +115,29 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
     )
 
 
-READS_TARGET = ("head", "kangaroo", "specdec")  # drafter kinds that read the target's states (drafters/reuse.py)
-
-
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):
-    from quickdraft.drafters.spec import parse_drafter_spec
+    from quickdraft.drafters.kinds import KINDS
 
-    stages = parse_drafter_spec(parts.config.drafter)
-    if reads_target(parts.drafter) or any(stage.kind in READS_TARGET for stage in stages):
+    if reads_target(parts.drafter) or any(KINDS[stage.kind].reads_target for stage in parts.config.drafter_stages):
+        readers = ", ".join(k.name for k in KINDS.values() if k.reads_target)
         raise QuickdraftError(
             "PEARL drafts while the target runs, so a drafter that reads the target's states "
-            f"({', '.join(READS_TARGET)}) cannot run under it; use --method sd"
+            f"({readers}) cannot run under it; use --method sd"
         )
     verifier = make_verifier(parts.config.verifier, sampling)  # refuses bad combinations here, not in a worker
-    if getattr(verifier, "reads_logits", False):
+    if verifier.reads_logits:
         raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
     if not parts.config.pearl.parallel:
         return PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
-    if "pearl_parallel" not in parts.memo:
+    if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 
         cfg = parts.config
         spec = ParallelSpec(
             parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores(), cfg.runtime, cfg.quantize
         )
-        parts.memo["pearl_parallel"] = ParallelPearl(spec)
-    return parts.memo["pearl_parallel"].decoder(verifier)
+        parts.started["pearl_parallel"] = ParallelPearl(spec)
+    return parts.started["pearl_parallel"].decoder(verifier)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from types import SimpleNamespace
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
@@ -19,6 +18,7 @@ from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
+from quickdraft.verifiers.base import TreeRule
 from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
 
 
@@ -37,14 +37,14 @@ class TreeDecoder:
     lossy = False
 
     def __init__(self, target, drafter, shape: TreeShape, events: dict[str, int] | None = None) -> None:
-        if not hasattr(target, "compact"):
+        if not target.supports_trees:
             raise QuickdraftError("token trees need the native runtime for the target (--runtime auto|native)")
-        if not hasattr(drafter, "propose_tree"):
+        if not drafter.drafts_trees:
             raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
         self.target, self.drafter, self.shape = target, drafter, shape
         self.events = dict(events or {})
         self.keep_hidden = bind_target(drafter, target)  # a feature head reads the target's states
-        self.verifier = SimpleNamespace(name="tree", lossy=False)
+        self.verifier = TreeRule()
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators

@@ -73,7 +73,7 @@ class SpeculativeDecoder:
             reuse = {} if proposal.shallow is None else {"shallow": proposal.shallow}
             extra = {"keep_hidden": self.keep_hidden, **reuse} if self.keep_hidden or reuse else {}
             logits = self.target.extend([context[-1], *drafted], **extra)  # (k+1, V)
-            raw = getattr(self.verifier, "reads_logits", False)  # Spec-Verification reads logit gaps
+            raw = self.verifier.reads_logits  # Spec-Verification reads logit gaps
             p = (logits if raw else logits_to_probs(logits, sampling)).unsqueeze(0)  # (1, k+1, V)
             q = None if proposal.q_probs is None else proposal.q_probs.unsqueeze(0)
             verdict = self.verifier(proposal.tokens.unsqueeze(0), q, p, generators.target)

@@ -34,10 +34,11 @@ from quickdraft.distill.train_heads import (
     target_batch,
     train_loss,
 )
+from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
 
-KINDS = ("kangaroo", "head", "specdec")
+KINDS = tuple(k.name for k in DRAFTER_KINDS.values() if k.trained_by == "train-draft")  # from the kind records
 
 
 def add_train_draft_parser(sub) -> None:
@@ -47,7 +48,7 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument(
         "--kind",
         default="head",
-        help="kangaroo | head | specdec, or several joined by ',' (one target pass trains all)",
+        help=f"{' | '.join(KINDS)}, or several joined by ',' (one target pass trains all)",
     )
     t.add_argument("--data", required=True, help="SeqKD corpus folder (seqkd-*.jsonl.gz)")
     t.add_argument("--output", required=True, help="run folder; the same command again resumes")
@@ -100,7 +101,8 @@ def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     bad = [k for k in kinds if k not in KINDS]
     if not kinds or bad:
-        hint = " (the distilled draft trains with `quickdraft distill`)" if "distilled" in bad else ""
+        others = {k: DRAFTER_KINDS[k].trained_by for k in bad if k in DRAFTER_KINDS and DRAFTER_KINDS[k].trained_by}
+        hint = "".join(f" (the {k} drafter is made by `quickdraft {cmd}`)" for k, cmd in others.items())
         raise QuickdraftError(f"--kind: unknown {', '.join(bad) or 'empty'}; choose from {', '.join(KINDS)}{hint}")
     return tuple(dict.fromkeys(kinds))
 

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.distill.seqkd import Row, response_mask, window
-from quickdraft.models.draft_heads import MODULES, DraftHeadConfig, init_from_target
+from quickdraft.drafters.kinds import KINDS
+from quickdraft.models.draft_heads import DraftHeadConfig, init_from_target
 from quickdraft.models.native import NativeLlama
 
 
@@ -168,17 +169,13 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     return {"greedy_agreement": agree / count, "expected_acceptance_t1": accept / count, "positions": int(count)}
 
 
-DECODE_LENGTH = {"head": 4, "kangaroo": 6, "specdec": 4}  # draft tokens per round in `decode_eval`
-
-
 def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], max_new_tokens: int = 48) -> dict:
     """Greedy speculative decoding with a copy of `module` (in the target's dtype) on held-out
     prompts: tokens per target forward (the bonus token included) and draft acceptance."""
     import copy
 
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.drafters.feature_head import HeadLM
-    from quickdraft.drafters.reuse import reusing_drafter
+    from quickdraft.drafters.reuse import HeadLM
     from quickdraft.engine import Engine
     from quickdraft.options import options_from
 
@@ -189,8 +186,9 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
         target.vocab_size,
         head_ids,
     )
-    drafter = reusing_drafter(kind, draft, lm)
-    config = options_from({"method": "sd", "drafter": kind, "draft_length": DECODE_LENGTH[kind]})
+    record = KINDS[kind]
+    drafter = record.from_module(draft, lm, 0.6, kind)
+    config = options_from({"method": "sd", "drafter": kind, "draft_length": record.decode_length})
     engine = Engine(target, config, drafter=drafter)
     tokens = forwards = drafted = accepted = 0
     for ids in prompts:
@@ -202,7 +200,7 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
     return {
         "tokens_per_target_forward": tokens / max(1, forwards),
         "draft_acceptance": accepted / max(1, drafted),
-        "draft_length": DECODE_LENGTH[kind],
+        "draft_length": record.decode_length,
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
     }
@@ -210,7 +208,7 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
 
 def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Module:
     head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer, cfg.block)
-    module = MODULES[kind](head_cfg)
+    module = KINDS[kind].module(head_cfg)
     layers = int(target_model.config.num_hidden_layers)
     init_from_target(module, target_model, cfg.exit_layer if kind == "kangaroo" else layers - 1)
     return module.float()

@@ -9,7 +9,6 @@ never-fed drafts (the all-accepted off-by-one) are handled in one place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
 
@@ -22,10 +21,29 @@ from quickdraft.types import Proposal
 KeepDrafting = Callable[[torch.Tensor], bool]
 
 
-class Drafter(Protocol):
-    """Proposes draft tokens. `name` labels statistics and reports."""
+class Drafter:
+    """The base of every drafter: the protocol, and the capabilities each drafter declares (the
+    defaults here are a plain chain drafter's; decoders read these, never probe with hasattr).
 
-    name: str
+    Attributes:
+        name: labels statistics and reports.
+        target_layers: the target states it reads (FEATURES or layer indices; empty: none).
+        drafts_trees: it drafts token trees (`propose_tree`).
+        can_review: it can review lower levels of a CS Drafting cascade (`review`).
+        tree_gain: expected tokens per forward by tree budget, which sizes `draft_tree` auto (None:
+            a chain).
+        parts: the drafters it is built from (a chain's stages, a cascade's levels, a mixed tree's
+            sources), for the cost model and the target-state wiring.
+        draft_steps: its forwards since `begin` (the bench's cost model).
+    """
+
+    name: str = "drafter"
+    target_layers: tuple[int, ...] = ()
+    drafts_trees: bool = False
+    can_review: bool = False
+    tree_gain: dict[int, float] | None = None
+    parts: Sequence[Drafter] = ()
+    draft_steps: int = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence (drop state tied to an earlier one)."""
@@ -43,12 +61,30 @@ class Drafter(Protocol):
         In sampling mode a drafter with a distribution must sample each token from exactly the
         processed q it returns; deterministic drafters return q_probs=None.
         """
-        ...
+        raise NotImplementedError
+
+    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
+        """A token tree of at most `shape.budget` nodes continuing `context` (drafters with `drafts_trees`)."""
+        raise QuickdraftError(f"drafter {self.name!r} cannot draft trees")
 
     def step_seconds(self) -> float | None:
         """Measured seconds of one draft step, or None when drafting costs next to nothing (no model).
         Used to size PEARL's window; may reset the drafter's state (call between generations)."""
-        ...
+        return None
+
+    def bind(self, target) -> None:
+        """Receive the target's cache owner (drafters whose `target_layers` need it: Kangaroo)."""
+
+    def observe(self, states: dict[int, torch.Tensor]) -> None:
+        """Receive the target's rows of the tokens its last forward committed (`target_layers`)."""
+
+    def components(self) -> list[Drafter]:
+        """The drafters whose forwards the cost model counts: the parts', else itself."""
+        return [c for part in self.parts for c in part.components()] if self.parts else [self]
+
+    def component_steps(self) -> list[int]:
+        """Forward calls of each of `components()` since `begin`."""
+        return [c.draft_steps for c in self.components()]
 
 
 # A drafter that reuses the target declares which of the target's states it reads
@@ -61,7 +97,7 @@ FEATURES = -1
 
 def reads_target(drafter: Drafter | None) -> bool:
     """Whether `drafter` consumes the target's hidden states (it then needs the native runtime)."""
-    return bool(getattr(drafter, "target_layers", ()))
+    return drafter is not None and bool(drafter.target_layers)
 
 
 def bind_target(drafter: Drafter | None, target) -> tuple[int, ...]:
@@ -69,7 +105,7 @@ def bind_target(drafter: Drafter | None, target) -> tuple[int, ...]:
     `keep_hidden` of the target's forwards), empty for every other drafter."""
     if not reads_target(drafter):
         return ()
-    if not hasattr(target, "extend_shallow"):
+    if not target.reads_states:
         raise QuickdraftError(f"the {drafter.name} drafter reads the target's hidden states: use --runtime native")
     drafter.bind(target)
     return tuple(layer for layer in drafter.target_layers if layer != FEATURES)
@@ -87,15 +123,13 @@ def observe_target(drafter: Drafter | None, target, rows: int | Sequence[int]) -
     drafter.observe(states)
 
 
-class ComposedReads:
+class ComposedReads(Drafter):
     """For drafters built from other drafters (`parts`: a chain's stages, a cascade's levels): the
     target states any part reads, the binding and the observed rows passed on to the parts that read."""
 
-    parts: list
-
     @property
     def target_layers(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(layer for d in self.parts for layer in getattr(d, "target_layers", ())))
+        return tuple(dict.fromkeys(layer for d in self.parts for layer in d.target_layers))
 
     def bind(self, target) -> None:
         for part in self.parts:
@@ -123,7 +157,6 @@ def empty_proposal() -> Proposal:
 
 
 def drafter_step_seconds(drafter: Drafter | None) -> float | None:
-    """The drafter's own measured cost of one draft step; None without a drafter, for model-free
-    drafters, and for drafters written before the protocol had `step_seconds`."""
-    measure = getattr(drafter, "step_seconds", None)
-    return measure() if measure is not None else None
+    """The drafter's own measured cost of one draft step; None without a drafter and for model-free
+    drafters."""
+    return None if drafter is None else drafter.step_seconds()

@@ -18,6 +18,9 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
 from quickdraft.drafters.feature_head import FeatureRows
+from quickdraft.drafters.kinds import DrafterKind
+from quickdraft.drafters.reuse import HeadLM, reusing_builder
+from quickdraft.models.draft_heads import BlockDrafter
 from quickdraft.types import Proposal
 
 
@@ -50,3 +53,21 @@ class BlockDrafterRunner(FeatureRows):
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,
         )
+
+
+def _from_module(module: BlockDrafter, lm: HeadLM, eta: float, name: str) -> BlockDrafterRunner:
+    return BlockDrafterRunner(module, lm, name=name)
+
+
+KIND = DrafterKind(
+    name="specdec",
+    usage="specdec[:PATH]",
+    summary="SpecDec's non-autoregressive block drafter (native runtime)",
+    build=reusing_builder(BlockDrafter, _from_module),
+    reads_target="features",
+    module=BlockDrafter,
+    from_module=_from_module,
+    decode_length=4,
+    trained_by="train-draft",
+    asset="specdec",
+)

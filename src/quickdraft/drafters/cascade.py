@@ -25,6 +25,8 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, Drafter, KeepDrafting, empty_proposal, reads_target
+from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
+from quickdraft.drafters.spec import parse_cascade
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
@@ -89,6 +91,10 @@ class CascadeDrafter(ComposedReads):
         costs = [c for d in self.levels if (c := d.step_seconds()) is not None]
         return costs[0] if costs else None
 
+    def component_steps(self) -> list[int]:
+        """Forward calls per level since `begin` (a reviewing level counts one per review)."""
+        return list(self.calls)
+
     def review(self, j: int, context: list[int], proposal: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """Level j reviews `proposal` ((token, proposer's probability) pairs) after `context`:
         its accepted prefix and one token of its own, each with level j's probability."""
@@ -116,7 +122,7 @@ class CascadeDrafter(ComposedReads):
                 ctx = context + [t for t, _ in out]
                 if reads_target(level) and out:
                     break  # a target-reading level drafts only from the committed context
-                if j + 1 < len(self.levels) and hasattr(level, "review"):
+                if j + 1 < len(self.levels) and level.can_review:
                     below = self.generate(j + 1, ctx, limit=sum(self.k[j + 1][j + 1 :]))
                     new = self.review(j, ctx, below)
                 else:
@@ -140,3 +146,19 @@ class CascadeDrafter(ComposedReads):
             return empty_proposal()
         block = self.generate(0, list(context), min(num_draft_tokens, self.block))
         return Proposal(tokens=torch.tensor([t for t, _ in block], dtype=torch.long))  # q one-hot
+
+
+def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> CascadeDrafter:
+    cascade = parse_cascade(spec.arg)
+    levels = [KINDS[level.kind].build(level, target, stage_dtype(level, dtype), runtime) for level in cascade.levels]
+    return CascadeDrafter(levels, cascade.k, cascade.lenience, name=str(spec))
+
+
+KIND = DrafterKind(
+    name="csd",
+    usage="csd[:LEVELS[;k=ROWS][;l=L]]",
+    summary="a CS Drafting cascade over any of these, levels joined by '>' (default distilled>mag)",
+    build=_build,
+    check_arg=parse_cascade,
+    has_model=False,
+)

@@ -108,6 +108,6 @@ def shipped_datastore(target) -> Path | None:
     """The datastore folder shipped for `target` (only the embedded default has one), else None."""
     from quickdraft.models.delta import SHIPPED_FOR
 
-    key = SHIPPED_FOR.get(getattr(target, "name", None))
+    key = SHIPPED_FOR.get(target.name)
     folder = SHIPPED_DATASTORES / (key or "_")
     return folder if key is not None and (folder / META_FILE).is_file() else None

@@ -40,6 +40,10 @@ class FallbackDrafter(ComposedReads):
         self.name = "+".join(d.name for d in self.drafters)
         self.rounds_by_drafter = [0] * len(self.drafters)
 
+    @property
+    def drafts_trees(self) -> bool:
+        return all(d.drafts_trees for d in self.drafters)
+
     def begin(self, prompt_ids: Sequence[int]) -> None:
         for drafter in self.drafters:
             drafter.begin(prompt_ids)
@@ -65,10 +69,8 @@ class FallbackDrafter(ComposedReads):
         return empty_proposal()
 
     def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
-        """The first stage's non-empty tree (stages that cannot draft trees are refused by name)."""
+        """The first stage's non-empty tree (a stage that cannot draft trees refuses by name)."""
         for i, drafter in enumerate(self.drafters):
-            if not hasattr(drafter, "propose_tree"):
-                raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
             tree = drafter.propose_tree(context, shape, sampling, generator)
             if len(tree):
                 self.rounds_by_drafter[i] += 1

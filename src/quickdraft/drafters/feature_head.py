@@ -16,30 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import FEATURES, KeepDrafting, draft_token, empty_proposal
-from quickdraft.models.cached_model import check_head_ids, scatter_head
+from quickdraft.drafters.base import FEATURES, Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.kinds import DrafterKind
+from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import BlockKV, FeatureHead
 from quickdraft.types import Proposal
 
 
-class HeadLM:
-    """The target's LM head as a draft reads it: (n, H) states -> (n, V) logits, -inf off a
-    restricted head's ids; `embed` maps ids to the target's embeddings."""
-
-    def __init__(self, embed: torch.Tensor, head: torch.Tensor, vocab_size: int, head_ids: torch.Tensor | None):
-        self.embed, self.vocab_size = embed, vocab_size
-        self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
-        self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
-
-    def logits(self, states: torch.Tensor) -> torch.Tensor:
-        sub = F.linear(states, self.weight)
-        return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
-
-
-class FeatureRows:
+class FeatureRows(Drafter):
     """What drafters over the target's features share: the features from `observe`, the module's
     cache of rows built on true features, catching it up to the committed context."""
 
@@ -102,6 +88,8 @@ class FeatureRows:
 class FeatureHeadDrafter(FeatureRows):
     """Drafts with a trained `FeatureHead` on the target's features (method sd; native runtime)."""
 
+    drafts_trees = True
+
     @torch.inference_mode()
     def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
         """A token tree (drafters/tree.py, EAGLE-2's dynamic expansion by default): each level is one
@@ -153,3 +141,22 @@ class FeatureHeadDrafter(FeatureRows):
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,
         )
+
+
+def _from_module(module: FeatureHead, lm: HeadLM, eta: float, name: str) -> FeatureHeadDrafter:
+    return FeatureHeadDrafter(module, lm, name=name)
+
+
+KIND = DrafterKind(
+    name="head",
+    usage="head[:PATH]",
+    summary="an EAGLE-style feature head on the target's last hidden states (native runtime)",
+    build=reusing_builder(FeatureHead, _from_module),
+    reads_target="features",
+    drafts_trees=True,
+    module=FeatureHead,
+    from_module=_from_module,
+    decode_length=4,
+    trained_by="train-draft",
+    asset="head",
+)

@@ -19,13 +19,14 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
-from quickdraft.drafters.feature_head import HeadLM
+from quickdraft.drafters.base import Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.kinds import DrafterKind
+from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import BlockKV, KangarooAdapter
 from quickdraft.types import Proposal
 
 
-class KangarooDrafter:
+class KangarooDrafter(Drafter):
     """Drafts with the target's shallow layers + a trained adapter (method sd; native runtime).
 
     Args:
@@ -120,3 +121,21 @@ class KangarooDrafter:
             q_probs=torch.stack(q_rows) if q_rows else None,
             shallow=torch.cat(shallow),
         )
+
+
+def _from_module(module: KangarooAdapter, lm: HeadLM, eta: float, name: str) -> KangarooDrafter:
+    return KangarooDrafter(module, lm, eta=eta, name=name)
+
+
+KIND = DrafterKind(
+    name="kangaroo",
+    usage="kangaroo[:PATH]",
+    summary="the target's first l layers and a Kangaroo adapter (native runtime)",
+    build=reusing_builder(KangarooAdapter, _from_module),
+    reads_target="layer l",
+    module=KangarooAdapter,
+    from_module=_from_module,
+    decode_length=6,
+    trained_by="train-draft",
+    asset="kangaroo",
+)

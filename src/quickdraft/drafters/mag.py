@@ -19,13 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, shipped_asset
 from quickdraft.drafters.ngram import prompt_lookup
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 
 BIGRAM_FILE = "bigram.safetensors"
-SHIPPED_BIGRAMS = Path(__file__).resolve().parent.parent / "assets" / "bigram"
 
 
 def build_bigram(sequences: Iterable[Sequence[int]], vocab_size: int) -> torch.Tensor:
@@ -49,11 +49,8 @@ def build_bigram(sequences: Iterable[Sequence[int]], vocab_size: int) -> torch.T
 
 def shipped_bigram(target) -> Path | None:
     """The bigram file shipped for `target` (only the embedded default has one), else None."""
-    from quickdraft.models.delta import SHIPPED_FOR
-
-    key = SHIPPED_FOR.get(target.name)
-    path = SHIPPED_BIGRAMS / (key or "_") / BIGRAM_FILE
-    return path if key is not None and path.is_file() else None
+    folder = shipped_asset(KIND.asset, target.name)
+    return None if folder is None or not (folder / BIGRAM_FILE).is_file() else folder / BIGRAM_FILE
 
 
 def save_bigram(table: torch.Tensor, folder: Path, meta: dict) -> Path:
@@ -73,17 +70,11 @@ def load_bigram(path: Path, vocab_size: int) -> torch.Tensor:
     return table
 
 
-class MaGDrafter:
+class MaGDrafter(Drafter):
     """Prompt lookup, then the bigram chain, up to k tokens (name "mag")."""
 
     def __init__(self, table: torch.Tensor | None, max_ngram: int = 3, name: str = "mag") -> None:
         self.table, self.max_ngram, self.name = table, max_ngram, name
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        pass
-
-    def step_seconds(self) -> None:
-        return None  # a lookup: no model
 
     def draft(self, context: Sequence[int], k: int) -> list[int]:
         tokens = prompt_lookup(context, k, self.max_ngram, 1) if len(context) > 1 else []
@@ -106,3 +97,22 @@ class MaGDrafter:
         if num_draft_tokens < 1:
             return empty_proposal()
         return Proposal(tokens=torch.tensor(self.draft(context, num_draft_tokens), dtype=torch.long))
+
+
+def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MaGDrafter:
+    """MaG with the bigram table at PATH, else the one shipped for the target (none: lookup only)."""
+    if spec.arg is not None:
+        return MaGDrafter(load_bigram(Path(spec.arg).expanduser(), target.vocab_size), name=str(spec))
+    shipped = shipped_bigram(target)
+    return MaGDrafter(None if shipped is None else load_bigram(shipped, target.vocab_size), name=str(spec))
+
+
+KIND = DrafterKind(
+    name="mag",
+    usage="mag[:PATH]",
+    summary="CS Drafting's MaG: prompt lookup, then a bigram table of the target's text",
+    build=_build,
+    has_model=False,
+    trained_by="build-bigram",
+    asset="bigram",
+)

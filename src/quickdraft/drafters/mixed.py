@@ -21,7 +21,16 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, KeepDrafting, empty_proposal
-from quickdraft.drafters.suffix import CHAIN_TREE_FACTOR, SuffixDrafter, greedy_chain, merge_scores, paths_to_tree
+from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
+from quickdraft.drafters.spec import parse_mix
+from quickdraft.drafters.suffix import (
+    CHAIN_TREE_FACTOR,
+    SuffixDrafter,
+    build_suffix,
+    greedy_chain,
+    merge_scores,
+    paths_to_tree,
+)
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
@@ -46,8 +55,10 @@ class MixedTreeDrafter(ComposedReads):
         min_match: the suffix match length that makes a sampling round (or a chain) suffix-only.
     """
 
+    drafts_trees = True
+
     def __init__(self, suffix: SuffixDrafter, model, min_match: int = MIN_MATCH, name: str = "mix") -> None:
-        if not hasattr(model, "propose_tree"):
+        if not model.drafts_trees:
             raise QuickdraftError(f"mix: the drafter {model.name!r} cannot draft trees")
         self.suffix, self.model, self.min_match, self.name = suffix, model, min_match, name
         self.parts = [suffix, model]  # ComposedReads: a target-reading model is bound and fed
@@ -94,3 +105,21 @@ class MixedTreeDrafter(ComposedReads):
             return Proposal(tokens=torch.tensor(chain, dtype=torch.long))
         self.rounds_by_source["model"] += 1
         return self.model.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
+
+
+def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MixedTreeDrafter:
+    """The shipped suffix datastore's drafter and the model stage (default the feature head) in one tree."""
+    stage = parse_mix(spec.arg)
+    model = KINDS[stage.kind].build(stage, target, stage_dtype(stage, dtype), runtime)
+    return MixedTreeDrafter(build_suffix(DrafterSpec("suffix"), target), model, name=str(spec))
+
+
+KIND = DrafterKind(
+    name="mix",
+    usage="mix[:STAGE]",
+    summary="suffix branches and a model drafter's in one tree (default STAGE: the feature head)",
+    build=_build,
+    check_arg=parse_mix,
+    has_model=False,
+    drafts_trees=True,
+)

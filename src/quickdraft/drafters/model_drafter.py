@@ -1,4 +1,7 @@
-"""An independent draft model (any causal LM sharing the target's vocabulary).
+"""Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
+(`model:PATH`, any causal LM sharing the target's vocabulary), the target's first N layers
+(`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
+(`quant[:int4[:G]|int8|gguf]`).
 
 Drafting calls the model's forward directly through a CachedModel, one token per step with the LM
 head on the last position only; `transformers.generate()` is avoided because its per-call set-up
@@ -7,18 +10,26 @@ dominates a small model's step on CPU.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.base import Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
+from quickdraft.drafters.spec import int_arg, parse_quant, required_path
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.delta import load_delta, shipped_delta_dir
+from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
+from quickdraft.models.runtime import cached_model
 from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Autoregressive drafting with a small model that owns its own KV cache.
 
     Cache ownership: this object's CachedModel. At each `propose` the cache is synced to the
@@ -26,9 +37,13 @@ class ModelDrafter:
     bonus token fed), then k tokens are drafted; the last drafted token is never fed.
     """
 
+    drafts_trees = True
+    can_review = True
+
     def __init__(self, model: CachedModel, name: str = "model") -> None:
         self.model = model
         self.name = name
+        self._forwards_at_begin = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.model.reset()
@@ -37,7 +52,7 @@ class ModelDrafter:
     @property
     def draft_steps(self) -> int:
         """Draft-model forwards since `begin` (the bench's cost model)."""
-        return self.model.num_forwards - getattr(self, "_forwards_at_begin", 0)
+        return self.model.num_forwards - self._forwards_at_begin
 
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
@@ -86,3 +101,106 @@ class ModelDrafter:
         if budget < 1:
             return TokenTree()
         return model_tree(self.model, context, TreeShape(budget, shape.width, shape.widths), sampling, generator)
+
+
+def model_drafter(draft: LoadedModel, target: LoadedModel, name: str, runtime: str) -> ModelDrafter:
+    """A ModelDrafter over `draft` (its vocabulary checked against the target's)."""
+    vocab = check_vocab(target, draft)
+    return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name)
+
+
+def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
+    """The torch dtype a copied draft runs in: the one asked for, else the target's."""
+    return resolve_dtype(dtype) if dtype else target.model.dtype
+
+
+def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
+    return model_drafter(load_model(spec.arg, dtype), target, str(spec), runtime)
+
+
+def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
+    layers = int_arg("truncated", spec.arg)
+    return model_drafter(truncated_copy(target, layers, own_dtype(dtype, target)), target, str(spec), runtime)
+
+
+def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
+    folder = shipped_delta_dir(target) if spec.arg is None else Path(spec.arg).expanduser()
+    return model_drafter(load_delta(target, folder, own_dtype(dtype, target)), target, str(spec), runtime)
+
+
+def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
+    """The target's own weights quantized (int4 by default), run natively with its own cache; in the
+    target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
+    from quickdraft.models.quant import check_dtype
+    from quickdraft.models.quantized import quantize_model
+
+    if runtime == "hf":
+        raise QuickdraftError(f"drafter {spec}: quantized drafts need the native runtime (not --runtime hf)")
+    own = own_dtype(dtype, target)
+    own = torch.float32 if own == torch.float64 and not spec.dtype else own
+    check_dtype(own, f"drafter {spec}")
+    model = target.model if own == target.model.dtype else copy.deepcopy(target.model).to(own)
+    quantized = quantize_model(target, parse_quant(spec.arg), own)
+    return ModelDrafter(cached_model(model, target.vocab_size, None, "native", quantized.linears), name=str(spec))
+
+
+def _export_model(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
+    return {
+        "method": "draft_model",
+        "model": str(Path(spec.arg).expanduser().resolve()),
+        "num_speculative_tokens": num_draft_tokens,
+    }
+
+
+def _export_truncated(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
+    if draft_dir is None:
+        raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
+    return {
+        "method": "draft_model",
+        "model": str(Path(draft_dir).resolve()),
+        "num_speculative_tokens": num_draft_tokens,
+    }
+
+
+MODEL = DrafterKind(
+    name="model",
+    usage="model:PATH",
+    summary="an independent draft model folder sharing the target's vocabulary",
+    build=_model,
+    check_arg=required_path("model"),
+    drafts_trees=True,
+    can_review=True,
+    hf_model=True,
+    export=_export_model,
+)
+TRUNCATED = DrafterKind(
+    name="truncated",
+    usage="truncated:N",
+    summary="the target's first N layers, its norm and LM head",
+    build=_truncated,
+    check_arg=lambda arg: int_arg("truncated", arg),
+    drafts_trees=True,
+    can_review=True,
+    hf_model=True,
+    export=_export_truncated,
+)
+DISTILLED = DrafterKind(
+    name="distilled",
+    usage="distilled[:PATH]",
+    summary="a DistillSpec delta (without PATH the one shipped for the default target)",
+    build=_distilled,
+    drafts_trees=True,
+    can_review=True,
+    hf_model=True,
+    trained_by="distill",
+    asset="distilled",
+)
+QUANT = DrafterKind(
+    name="quant",
+    usage="quant[:int4[:G]|int8|gguf]",
+    summary="the target's own weights quantized, a self-draft with its own cache",
+    build=_quant,
+    check_arg=parse_quant,
+    drafts_trees=True,
+    can_review=True,
+)

@@ -13,7 +13,9 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
+from quickdraft.drafters.spec import ngram_sizes
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
@@ -42,20 +44,16 @@ def prompt_lookup(context: Sequence[int], num_draft_tokens: int, max_ngram: int 
     return []
 
 
-class PromptLookupDrafter:
-    """Drafter wrapper around `prompt_lookup` (name "ngram")."""
+class PromptLookupDrafter(Drafter):
+    """Drafter wrapper around `prompt_lookup` (name "ngram"); model-free (no step cost)."""
+
+    drafts_trees = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise QuickdraftError(f"n-gram sizes need 1 <= min <= max, got min={min_ngram} max={max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.name = "ngram"
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        pass
-
-    def step_seconds(self) -> None:
-        return None  # a lookup, no model: its cost is noise next to a forward
 
     def propose(
         self,
@@ -75,3 +73,31 @@ class PromptLookupDrafter:
         from quickdraft.drafters.tree import lookup_tree
 
         return lookup_tree(context, shape, self.max_ngram, self.min_ngram)
+
+
+def ngram_drafter(arg: str | None) -> PromptLookupDrafter:
+    """The prompt-lookup drafter for the "N" or "N:M" after "ngram:" (longest, shortest n-gram)."""
+    longest, shortest = ngram_sizes(arg)
+    return PromptLookupDrafter(max_ngram=longest, min_ngram=shortest)
+
+
+def _export(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
+    longest, shortest = ngram_sizes(spec.arg)
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": num_draft_tokens,
+        "prompt_lookup_max": longest,
+        "prompt_lookup_min": shortest,
+    }
+
+
+KIND = DrafterKind(
+    name="ngram",
+    usage="ngram[:N[:M]]",
+    summary="prompt lookup, longest N and shortest M n-gram (default 3 and 1)",
+    build=lambda spec, target, dtype, runtime: ngram_drafter(spec.arg),
+    check_arg=ngram_sizes,
+    has_model=False,
+    drafts_trees=True,
+    export=_export,
+)

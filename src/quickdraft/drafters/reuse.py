@@ -1,27 +1,42 @@
-"""Builders of the drafters that reuse the target: `head[:PATH]` (feature head), `kangaroo[:PATH]`
-(Kangaroo adapter) and `specdec[:PATH]` (SpecDec's block drafter). Without PATH, the module shipped
-for the embedded default target (`assets/KIND/...`, trained by `quickdraft train-draft`)."""
+"""What the drafters that reuse the target share: the target's LM head as they read it (`HeadLM`) and
+the builder of `head[:PATH]` (feature head), `kangaroo[:PATH]` (Kangaroo adapter) and
+`specdec[:PATH]` (SpecDec's block drafter) from a trained module's folder. Without PATH, the module
+shipped for the embedded default target (`assets/KIND/...`, trained by `quickdraft train-draft`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from quickdraft.drafters.block import BlockDrafterRunner
-from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
-from quickdraft.drafters.kangaroo import KangarooDrafter
-from quickdraft.drafters.spec import DrafterSpec
+import torch
+import torch.nn.functional as F
+
+from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.delta import SHIPPED_FOR
-from quickdraft.models.draft_heads import HEAD_META, SHIPPED_HEADS, load_draft_head
+from quickdraft.models.cached_model import check_head_ids, scatter_head
+from quickdraft.models.draft_heads import HEAD_META, load_draft_head
 from quickdraft.models.loading import LoadedModel, resolve_dtype
 from quickdraft.models.native import unsupported_reason
 
 
+class HeadLM:
+    """The target's LM head as a draft reads it: (n, H) states -> (n, V) logits, -inf off a
+    restricted head's ids; `embed` maps ids to the target's embeddings."""
+
+    def __init__(self, embed: torch.Tensor, head: torch.Tensor, vocab_size: int, head_ids: torch.Tensor | None):
+        self.embed, self.vocab_size = embed, vocab_size
+        self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
+        self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        sub = F.linear(states, self.weight)
+        return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
+
+
 def shipped_head_dir(kind: str, target: LoadedModel) -> Path:
     """The folder of the `kind` module shipped for `target` (only the embedded default has them)."""
-    key = SHIPPED_FOR.get(target.name)
-    folder = SHIPPED_HEADS / kind / (key or "")
-    if key is None or not (folder / HEAD_META).is_file():
+    folder = shipped_asset(kind_of(kind).asset, target.name)
+    if folder is None or not (folder / HEAD_META).is_file():
         raise QuickdraftError(
             f"no {kind} drafter ships for target {target.name!r}; train one with "
             f"`quickdraft train-draft --kind {kind}` and pass --drafter {kind}:RUN/{kind}"
@@ -39,40 +54,21 @@ def _check_runtime(kind: str, target: LoadedModel, runtime: str) -> None:
         )
 
 
-def build_reusing(kind: str, spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
-    """A FeatureHeadDrafter or KangarooDrafter for `target` from a trained module's folder."""
-    _check_runtime(kind, target, runtime)
-    folder = shipped_head_dir(kind, target) if spec.arg is None else Path(spec.arg).expanduser()
-    own = resolve_dtype(dtype) if dtype else target.model.dtype
-    module, head_ids, meta = load_draft_head(folder, kind, target.model, own)
-    embed = target.model.get_input_embeddings().weight.detach()
-    head = target.model.get_output_embeddings().weight.detach()
-    if own != target.model.dtype:
-        embed, head = embed.to(own), head.to(own)
-    lm = HeadLM(embed, head, target.vocab_size, head_ids)
-    return reusing_drafter(kind, module.to(embed.device), lm, eta=float(meta.get("eta", 0.6)), name=str(spec))
+def reusing_builder(module_type: type, make: Callable) -> Callable:
+    """The builder of a kind that runs a trained `module_type` through the target's LM head:
+    `make(module, lm, eta, name)` is the kind's drafter (its record's `from_module`)."""
 
+    def build(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
+        kind = spec.kind
+        _check_runtime(kind, target, runtime)
+        folder = shipped_head_dir(kind, target) if spec.arg is None else Path(spec.arg).expanduser()
+        own = resolve_dtype(dtype) if dtype else target.model.dtype
+        module, head_ids, meta = load_draft_head(folder, module_type, target.model, own)
+        embed = target.model.get_input_embeddings().weight.detach()
+        head = target.model.get_output_embeddings().weight.detach()
+        if own != target.model.dtype:
+            embed, head = embed.to(own), head.to(own)
+        lm = HeadLM(embed, head, target.vocab_size, head_ids)
+        return make(module.to(embed.device), lm, float(meta.get("eta", 0.6)), str(spec))
 
-def reusing_drafter(kind: str, module, lm: HeadLM, eta: float = 0.6, name: str | None = None):
-    """The drafter that runs a `kind` module (head, specdec, kangaroo) through the target's LM head."""
-    if kind == "head":
-        return FeatureHeadDrafter(module, lm, name=name or kind)
-    if kind == "specdec":
-        return BlockDrafterRunner(module, lm, name=name or kind)
-    return KangarooDrafter(module, lm, eta=eta, name=name or kind)
-
-
-def _head(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
-    return build_reusing("head", spec, target, dtype, runtime)
-
-
-def _kangaroo(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
-    return build_reusing("kangaroo", spec, target, dtype, runtime)
-
-
-def _specdec(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
-    return build_reusing("specdec", spec, target, dtype, runtime)
-
-
-REUSING_BUILDERS = {"head": _head, "kangaroo": _kangaroo, "specdec": _specdec}
-__all__ = ["REUSING_BUILDERS", "build_reusing", "reusing_drafter", "shipped_head_dir"]
+    return build

@@ -3,21 +3,11 @@
     chain   := stage ("+" stage)*            a fallback chain, tried in order each round
     stage   := kind [":" arg] ["@" DTYPE]     DTYPE: bfloat16 | float32 | float64 (model drafters only)
 
-Kinds (the registry in `drafters/__init__.py` builds them): `ngram[:N[:M]]` (prompt lookup, longest
-N and shortest M n-gram, default 3 and 1), `model:PATH` (an independent draft model folder),
-`truncated:N` (the target's first N layers), `distilled[:PATH]` (a DistillSpec delta; without PATH
-the one shipped for the default target), `head[:PATH]` (an EAGLE-style feature head on the target's
-last hidden states) and `kangaroo[:PATH]` (the target's first l layers + a Kangaroo adapter); the
-last two are trained by `quickdraft train-draft`, ship for the default target and need the native
-runtime; `mag[:PATH]` (CS Drafting's MaG: prompt lookup, then a bigram table of the target's text)
-and `csd[:LEVELS[;k=ROWS][;l=L]]` (a CS Drafting cascade: `parse_cascade`); `specdec[:PATH]`
-(SpecDec's non-autoregressive block drafter, trained by `train-draft --kind specdec`);
-`suffix[:PATH][;cache=N]...` (model-free suffix-match trees over the request's text and a datastore
-of the target's own text: `parse_suffix`); `mix[:STAGE]` (suffix branches and a model drafter's in
-one tree, default the feature head: `drafters/mixed.py`); `quant[:int4[:G]|int8|gguf]` (the target's
-own weights quantized, a self-draft with its own cache: models/quant.py). Every surface (CLI,
-server, bench, export, Python API) parses through `parse_drafter_spec`, so a bad spec is refused
-with the same message before any model loads.
+The kinds, their syntax and their argument checks are the records in `drafters/kinds.py` (each
+declared in the file that implements it); `quickdraft generate --help` lists them. The argument
+grammars of the kinds with structured arguments (cascades, suffix options, mixed trees, quantized
+self-drafts) are parsed here. Every surface (CLI, server, bench, export, Python API) parses through
+`parse_drafter_spec`, so a bad spec is refused with the same message before any model loads.
 """
 
 from __future__ import annotations
@@ -26,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quickdraft.config import DTYPES
+from quickdraft.drafters.kinds import KINDS, DrafterSpec, usages
 from quickdraft.errors import QuickdraftError
 
 
@@ -51,37 +42,14 @@ def ngram_sizes(arg: str | None) -> tuple[int, int]:
     return hi, lo
 
 
-def _required_path(kind: str) -> Callable[[str | None], None]:
+def required_path(kind: str) -> Callable[[str | None], None]:
+    """The argument check of a kind that needs a path."""
+
     def check(arg: str | None) -> None:
         if not arg:
             raise QuickdraftError(f"drafter {kind!r} needs a path: {kind}:PATH")
 
     return check
-
-
-@dataclass(frozen=True)
-class KindSyntax:
-    """How one drafter kind is written: its argument check and whether it runs a model (takes @DTYPE)."""
-
-    usage: str
-    check_arg: Callable[[str | None], object]
-    has_model: bool = True
-
-
-SYNTAX: dict[str, KindSyntax] = {
-    "ngram": KindSyntax("ngram[:N[:M]]", ngram_sizes, has_model=False),
-    "model": KindSyntax("model:PATH", _required_path("model")),
-    "truncated": KindSyntax("truncated:N", lambda arg: int_arg("truncated", arg)),
-    "distilled": KindSyntax("distilled[:PATH]", lambda arg: None),
-    "head": KindSyntax("head[:PATH]", lambda arg: None),
-    "kangaroo": KindSyntax("kangaroo[:PATH]", lambda arg: None),
-    "specdec": KindSyntax("specdec[:PATH]", lambda arg: None),
-    "mag": KindSyntax("mag[:PATH]", lambda arg: None, has_model=False),
-    "csd": KindSyntax("csd[:LEVELS[;k=ROWS][;l=L]]", lambda arg: parse_cascade(arg), has_model=False),
-    "mix": KindSyntax("mix[:STAGE]", lambda arg: parse_mix(arg), has_model=False),
-    "suffix": KindSyntax("suffix[:PATH][;cache=N][;match=M][;depth=D]", lambda arg: parse_suffix(arg), has_model=False),
-    "quant": KindSyntax("quant[:int4[:G]|int8|gguf]", lambda arg: parse_quant(arg)),
-}
 
 
 def parse_quant(arg: str | None):
@@ -97,8 +65,11 @@ def parse_quant(arg: str | None):
 def parse_mix(arg: str | None) -> DrafterSpec:
     """`mix[:STAGE]`: suffix branches plus the tree-drafting STAGE's (default `head`, the feature head)."""
     stage = _parse_stage(arg or "head", f"mix:{arg or 'head'}")
-    if stage.kind in ("mix", "suffix", "csd", "ngram", "mag"):
-        raise QuickdraftError(f"drafter 'mix:{arg}': the second source must be a model drafter (head, distilled, ...)")
+    if not (KINDS[stage.kind].has_model and KINDS[stage.kind].drafts_trees):
+        able = ", ".join(k.name for k in KINDS.values() if k.has_model and k.drafts_trees)
+        raise QuickdraftError(
+            f"drafter 'mix:{arg}': the second source must be a model drafter that drafts trees ({able})"
+        )
     return stage
 
 
@@ -169,19 +140,6 @@ def parse_cascade(arg: str | None) -> CascadeSpec:
     return CascadeSpec(levels, tuple(tuple(r) for r in k), lenience)
 
 
-@dataclass(frozen=True)
-class DrafterSpec:
-    """One parsed stage: kind, its argument (None when absent) and its own dtype (None: inherit)."""
-
-    kind: str
-    arg: str | None = None
-    dtype: str | None = None
-
-    def __str__(self) -> str:
-        text = self.kind + (f":{self.arg}" if self.arg is not None else "")
-        return text + (f"@{self.dtype}" if self.dtype else "")
-
-
 def _parse_stage(text: str, whole: str) -> DrafterSpec:
     body, at, dtype = text.rpartition("@") if "@" in text else (text, "", "")
     if at and dtype not in DTYPES:
@@ -189,10 +147,9 @@ def _parse_stage(text: str, whole: str) -> DrafterSpec:
             f"drafter {whole!r}: unknown dtype {dtype!r} after '@'; choose one of {', '.join(DTYPES)}"
         )
     kind, colon, arg = body.partition(":")
-    if kind not in SYNTAX:
-        usage = ", ".join(s.usage for s in SYNTAX.values())
-        raise QuickdraftError(f"unknown drafter {text!r}; choose one of: {usage}, or a '+' chain of them")
-    syntax = SYNTAX[kind]
+    if kind not in KINDS:
+        raise QuickdraftError(f"unknown drafter {text!r}; choose one of: {usages()}, or a '+' chain of them")
+    syntax = KINDS[kind]
     if at and not syntax.has_model:
         raise QuickdraftError(f"the {kind} drafter has no dtype: drop the '@...' suffix")
     arg_or_none = arg if colon and arg else None

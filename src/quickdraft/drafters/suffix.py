@@ -22,15 +22,20 @@ shipped for the default target; `suffix:none` uses no datastore).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.datastore import load_datastore, shipped_datastore
+from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
+from quickdraft.drafters.spec import parse_suffix
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Proposal
@@ -163,7 +168,7 @@ class RecentOutputs:
         self.text = np.concatenate([part for d in self.docs for part in (d, sep)]) if self.docs else self.text[:0]
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Model-free trees and chains from suffix matches (module docstring).
 
     `tree_gain` (expected tokens per forward by budget) makes `draft_tree` auto size its trees.
@@ -175,6 +180,7 @@ class SuffixDrafter:
     """
 
     tree_gain = TREE_GAIN
+    drafts_trees = True
 
     def __init__(self, index: SuffixIndex | None, config: SuffixConfig | None = None, name: str = "suffix") -> None:
         self.index, self.config, self.name = index, config or SuffixConfig(), name
@@ -188,9 +194,6 @@ class SuffixDrafter:
         if self.config.cache and self.last_context:
             self.recent.add(self.last_context[max(0, self.prompt_length - 32) :])
         self.prompt_length, self.last_context = len(prompt_ids), []
-
-    def step_seconds(self) -> None:
-        return None  # a lookup: no model (its measured cost is in docs/benchmarks.md)
 
     def scored(self, context: Sequence[int], budget: int) -> tuple[dict[tuple[int, ...], float], int]:
         """({path: score} of the `budget` best continuation paths of `context`, the longest match
@@ -232,3 +235,43 @@ class SuffixDrafter:
             return empty_proposal()
         paths = self.candidates(context, num_draft_tokens * CHAIN_TREE_FACTOR)
         return Proposal(tokens=torch.tensor(greedy_chain(paths, num_draft_tokens), dtype=torch.long))
+
+
+def build_suffix(spec: DrafterSpec, target, dtype: str = "", runtime: str = "auto") -> SuffixDrafter:
+    """Suffix trees over the datastore at PATH, else the one shipped for the target (none: the
+    request's own text only; `suffix:none` asks for that)."""
+    path, options = parse_suffix(spec.arg)
+    folder = shipped_datastore(target) if path is None else (None if path == "none" else Path(path).expanduser())
+    if path is None and folder is None:
+        print(
+            f"quickdraft: no suffix datastore ships for {target.name}: drafting from the request's own text "
+            "(build one with `quickdraft build-datastore`)",
+            file=sys.stderr,
+        )
+    index = None if folder is None else load_datastore(folder, target.vocab_size)
+    return SuffixDrafter(index, SuffixConfig(**options), name=str(spec))
+
+
+def _export(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
+    """vLLM's SuffixDecoding: its global tree grows from the requests it serves, so our offline
+    datastore has no equivalent there and is not exported."""
+    options = parse_suffix(spec.arg)[1]
+    return {
+        "method": "suffix",
+        "num_speculative_tokens": num_draft_tokens,
+        "suffix_decoding_max_tree_depth": options.get("depth", 8),
+    }
+
+
+KIND = DrafterKind(
+    name="suffix",
+    usage="suffix[:PATH][;cache=N][;match=M][;depth=D]",
+    summary="model-free suffix-match trees over the request's text and a datastore of the target's own text",
+    build=build_suffix,
+    check_arg=parse_suffix,
+    has_model=False,
+    drafts_trees=True,
+    trained_by="build-datastore",
+    asset="suffix",
+    export=_export,
+)

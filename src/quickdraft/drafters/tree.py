@@ -75,7 +75,7 @@ def model_tree(model, context: Sequence[int], shape: TreeShape, sampling: Sampli
         model: a NativeCachedModel (tree masks need the native runtime).
         context: the committed ids (the root is its last token).
     """
-    if not hasattr(model, "compact"):
+    if not model.supports_trees:
         raise QuickdraftError("tree drafting needs the native runtime for the draft model (--runtime auto|native)")
     base = len(context)
 

@@ -39,7 +39,17 @@ def scatter_head(sub: torch.Tensor, head_ids: torch.Tensor, vocab_size: int) -> 
 
 class TokenCacheVerbs:
     """The verbs every cache owner shares, written once on top of its own `extend`, `rollback`,
-    `reset` and `tokens` (the ids its cache holds): `prefill` and `sync`."""
+    `reset` and `tokens` (the ids its cache holds): `prefill` and `sync`; and what it declares it
+    can do beyond chains (decoders read these, never probe).
+
+    Attributes:
+        supports_trees: `extend` takes positions and a tree mask, and `compact` keeps a row subset.
+        reads_states: `extend` keeps hidden states (`keep_hidden`, `features`) and runs shallow
+            passes (`extend_shallow`), which drafters that read the target need.
+    """
+
+    supports_trees = False
+    reads_states = False
 
     def prefill(self, tokens: Sequence[int], **extend_options) -> torch.Tensor:
         """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""

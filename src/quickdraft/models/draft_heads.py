@@ -58,8 +58,6 @@ class DraftHeadConfig:
         cfg = model.config
         rope = getattr(cfg, "rope_parameters", None) or {}
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-        if kind not in MODULES:
-            raise QuickdraftError(f"unknown draft module kind {kind!r} ({', '.join(MODULES)})")
         if kind == "kangaroo" and not 1 <= exit_layer < int(cfg.num_hidden_layers):
             raise QuickdraftError(f"exit layer {exit_layer} outside [1, {int(cfg.num_hidden_layers) - 1}]")
         return cls(
@@ -163,6 +161,8 @@ class DraftBlock(nn.Module):
 class KangarooAdapter(nn.Module):
     """Kangaroo's adapter: (B, T, H) exit-layer states -> (B, T, H) states for the LM head."""
 
+    kind = "kangaroo"
+
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -175,6 +175,8 @@ class KangarooAdapter(nn.Module):
 
 class FeatureHead(nn.Module):
     """EAGLE's head: features f_t (B, T, H) and embeddings of x_{t+1} (B, T, H) -> predicted f_{t+1}."""
+
+    kind = "head"
 
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__()
@@ -199,6 +201,8 @@ class BlockDrafter(FeatureHead):
     seeing the whole prefix; query j's output, through the LM head, drafts the j-th next token, so
     one forward drafts the whole block (non-autoregressive)."""
 
+    kind = "specdec"
+
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__(cfg)
         self.queries = nn.Parameter(torch.randn(cfg.block, cfg.hidden) * 0.02)
@@ -206,9 +210,6 @@ class BlockDrafter(FeatureHead):
     def query(self, count: int, positions: torch.Tensor, kv: BlockKV, mask: torch.Tensor | None = None):
         """(1, count, H) outputs of the first `count` mask queries after the cached prefix."""
         return self.block(self.queries[:count][None], positions, kv, mask)
-
-
-MODULES = {"kangaroo": KangarooAdapter, "head": FeatureHead, "specdec": BlockDrafter}
 
 
 def init_from_target(module: nn.Module, model, layer: int) -> None:
@@ -245,9 +246,12 @@ def init_from_target(module: nn.Module, model, layer: int) -> None:
             module.fuse.weight[:, hidden:].normal_(0.0, 0.02)
 
 
-def load_draft_head(folder: Path, kind: str, model, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor | None, dict]:
-    """(module in eval mode, restricted head ids or None, meta) from a trained module's folder,
-    checked against the target `model` it must belong to."""
+def load_draft_head(
+    folder: Path, module_type: type[nn.Module], model, dtype: torch.dtype
+) -> tuple[nn.Module, torch.Tensor | None, dict]:
+    """(module of `module_type` in eval mode, restricted head ids or None, meta) from a trained
+    module's folder, checked against the target `model` it must belong to."""
+    kind = module_type.kind
     meta_path = folder / HEAD_META
     if not meta_path.is_file() or not (folder / HEAD_WEIGHTS).is_file():
         raise QuickdraftError(f"{folder} holds no trained draft module ({HEAD_META} + {HEAD_WEIGHTS})")
@@ -264,7 +268,7 @@ def load_draft_head(folder: Path, kind: str, model, dtype: torch.dtype) -> tuple
     ]
     if wrong:
         raise QuickdraftError(f"the draft module in {folder} was trained for another target ({', '.join(wrong)})")
-    module = MODULES[kind](cfg)
+    module = module_type(cfg)
     module.load_state_dict(load_file(str(folder / HEAD_WEIGHTS)))
     head_ids = load_file(str(folder / HEAD_IDS))["head_ids"] if (folder / HEAD_IDS).is_file() else None
     return module.to(dtype).eval().requires_grad_(False), head_ids, meta

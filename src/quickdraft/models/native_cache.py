@@ -33,6 +33,8 @@ class NativeCachedModel(TokenCacheVerbs):
     """
 
     runtime = "native"
+    supports_trees = True
+    reads_states = True
 
     def __init__(
         self,

@@ -1,37 +1,19 @@
 """Verifiers: pure functions (proposal, target probabilities, generator) -> Verdict.
 
-A verifier is any callable `(draft_tokens (B,k), q_probs (B,k,V)|None, p_probs (B,k+1,V),
-generator) -> Verdict` with attributes `name` and `lossy`. Verifiers know nothing of models or
-caches.
+A verifier (`verifiers/base.py`) is a callable `(draft_tokens (B,k), q_probs (B,k,V)|None, p_probs
+(B,k+1,V), generator) -> Verdict` declaring `name`, `lossy` and `reads_logits`. Verifiers know
+nothing of models or caches.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import torch
-
 from quickdraft.config import SamplingConfig
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Verdict
+from quickdraft.verifiers.base import TreeRule, Verifier
 from quickdraft.verifiers.greedy import GreedyMatch, greedy_verify
 from quickdraft.verifiers.lenient import LenientVerifier, lenient_verify
 from quickdraft.verifiers.specdec import SpecVerifier, parse_specdec, spec_verify
 from quickdraft.verifiers.speculative import SpeculativeSampling, speculative_verify
-
-
-class Verifier(Protocol):
-    name: str
-    lossy: bool
-
-    def __call__(
-        self,
-        draft_tokens: torch.Tensor,
-        q_probs: torch.Tensor | None,
-        p_probs: torch.Tensor,
-        generator: torch.Generator | None,
-    ) -> Verdict: ...
-
 
 VERIFIERS: dict[str, type] = {"speculative": SpeculativeSampling, "greedy": GreedyMatch, "lenient": LenientVerifier}
 
@@ -66,6 +48,7 @@ def make_verifier(name: str | None, sampling: SamplingConfig) -> Verifier:
 
 
 __all__ = [
+    "TreeRule",
     "Verifier",
     "VERIFIERS",
     "make_verifier",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.types import Verdict
+from quickdraft.verifiers.base import Verifier
 
 
 def greedy_verify(draft_tokens: torch.Tensor, p_probs: torch.Tensor) -> Verdict:
@@ -26,7 +27,7 @@ def greedy_verify(draft_tokens: torch.Tensor, p_probs: torch.Tensor) -> Verdict:
     return Verdict(num_accepted=num_accepted, next_tokens=next_tokens)
 
 
-class GreedyMatch:
+class GreedyMatch(Verifier):
     """Greedy verifier as an object chosen by name ("greedy"); ignores q and the generator."""
 
     name = "greedy"

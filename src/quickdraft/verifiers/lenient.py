@@ -14,6 +14,7 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Verdict
+from quickdraft.verifiers.base import Verifier
 from quickdraft.verifiers.speculative import speculative_verify
 
 
@@ -30,7 +31,7 @@ def lenient_verify(
     return speculative_verify(draft_tokens, q_probs, p_probs, generator, lenience)
 
 
-class LenientVerifier:
+class LenientVerifier(Verifier):
     """`lenient:L` by name. Lossy: outputs are not distributed as the target's."""
 
     lossy = True

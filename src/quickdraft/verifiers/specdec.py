@@ -13,6 +13,7 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Verdict
+from quickdraft.verifiers.base import Verifier
 
 
 def spec_verify(draft_tokens: torch.Tensor, logits: torch.Tensor, beta: int, tau: float) -> Verdict:
@@ -39,7 +40,7 @@ def spec_verify(draft_tokens: torch.Tensor, logits: torch.Tensor, beta: int, tau
     return Verdict(num_accepted=num_accepted, next_tokens=next_tokens)
 
 
-class SpecVerifier:
+class SpecVerifier(Verifier):
     """`specdec:beta=B,tau=T` by name (default beta 5, tau 3, the paper's inference setting)."""
 
     reads_logits = True  # decoders pass raw logits, not probabilities

@@ -13,6 +13,7 @@ import torch
 
 from quickdraft.sampling import residual, sample
 from quickdraft.types import Verdict
+from quickdraft.verifiers.base import Verifier
 
 
 def speculative_verify(
@@ -63,7 +64,7 @@ def speculative_verify(
     return Verdict(num_accepted=num_accepted, next_tokens=next_tokens)
 
 
-class SpeculativeSampling:
+class SpeculativeSampling(Verifier):
     """The lossless verifier as an object chosen by name ("speculative")."""
 
     name = "speculative"

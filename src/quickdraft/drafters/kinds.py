@@ -1,0 +1,129 @@
+"""One record per drafter kind: everything the surfaces need to know about a kind, in one place.
+
+Each kind's record (`KIND = DrafterKind(...)`) lives in the file that implements it
+(`drafters/ngram.py`, `drafters/feature_head.py`, ...). `drafters/__init__.py` registers them all
+into `KINDS` once, and every surface reads them from there: the spec parser (syntax, argument check,
+whether `@DTYPE` applies), the builder registry, the method registry (PEARL refuses kinds that read
+the target), `train-draft` (trainable modules), `export` (the vLLM mapping), the bench (which kinds
+transformers' assisted generation can run) and the `--drafter` help text.
+
+Adding a drafter kind is one new file with its class and its record, one line in
+`drafters/__init__.py`'s registration, and its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.delta import SHIPPED_FOR
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One parsed stage: kind, its argument (None when absent) and its own dtype (None: inherit)."""
+
+    kind: str
+    arg: str | None = None
+    dtype: str | None = None
+
+    def __str__(self) -> str:
+        text = self.kind + (f":{self.arg}" if self.arg is not None else "")
+        return text + (f"@{self.dtype}" if self.dtype else "")
+
+
+def no_arg_check(arg: str | None) -> None:
+    """The argument check of a kind whose argument is an optional path (checked when it loads)."""
+
+
+# (parsed stage, target LoadedModel, dtype the draft runs in ("" = the target's), runtime) -> Drafter
+Builder = Callable[[DrafterSpec, object, str, str], object]
+# (parsed stage, draft tokens per round, folder the caller saved a draft to) -> vLLM speculative_config
+Exporter = Callable[[DrafterSpec, int, "str | None"], dict]
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """What one drafter kind is.
+
+    Attributes:
+        name: the kind as written in a spec (`ngram`, `head`, ...).
+        usage: its syntax, e.g. "ngram[:N[:M]]".
+        summary: one line for the `--drafter` help.
+        build: its builder (`Builder`).
+        check_arg: validates the argument at parse time (raises QuickdraftError), before any model loads.
+        has_model: it runs a model (takes "@DTYPE"; its steps cost a forward).
+        reads_target: which of the target's states it reads: "" none, "features" (the final-normed
+            rows the LM head reads), "layer l" (the state entering the exit layer l). Such a kind
+            needs the native runtime and cannot run under PEARL.
+        drafts_trees: it drafts token trees (`propose_tree`).
+        can_review: it can review lower levels in a CS Drafting cascade (`review`).
+        hf_model: it is a whole causal LM that transformers' assisted generation can run.
+        module: its trainable module class (`models/draft_heads.py`), trained by `train-draft`.
+        from_module: (module, lm, eta, name) -> the drafter running a trained module (training's
+            decode evaluation).
+        decode_length: draft tokens per round in training's decode evaluation.
+        trained_by: the command that trains or builds what it loads ("" = nothing to train).
+        asset: the folder under `assets/` where its module or table ships for the default target.
+        export: its vLLM `speculative_config` mapping (None: no vLLM equivalent).
+    """
+
+    name: str
+    usage: str
+    summary: str
+    build: Builder
+    check_arg: Callable[[str | None], object] = no_arg_check
+    has_model: bool = True
+    reads_target: str = ""
+    drafts_trees: bool = False
+    can_review: bool = False
+    hf_model: bool = False
+    module: type | None = None
+    from_module: Callable | None = None
+    decode_length: int = 4
+    trained_by: str = ""
+    asset: str = ""
+    export: Exporter | None = None
+
+
+KINDS: dict[str, DrafterKind] = {}
+
+
+def register(*kinds: DrafterKind) -> None:
+    """Add kinds to `KINDS` (`drafters/__init__.py` registers every shipped kind once)."""
+    for kind in kinds:
+        if kind.name in KINDS and KINDS[kind.name] is not kind:
+            raise ValueError(f"drafter kind {kind.name!r} registered twice")
+        KINDS[kind.name] = kind
+
+
+def stage_dtype(stage: DrafterSpec, dtype: str) -> str:
+    """The dtype a stage's draft runs in: its own "@DTYPE", else the engine's for an independent
+    draft model, else "" (a copied draft keeps the target's)."""
+    return stage.dtype or (dtype if stage.kind == "model" else "")
+
+
+def kind_of(name: str) -> DrafterKind:
+    """The record of kind `name`, or a clear error listing the kinds."""
+    if name not in KINDS:
+        raise QuickdraftError(f"unknown drafter {name!r}; choose one of: {usages()}, or a '+' chain of them")
+    return KINDS[name]
+
+
+def usages() -> str:
+    return ", ".join(k.usage for k in KINDS.values())
+
+
+def help_text() -> str:
+    """The `--drafter` help: every kind's syntax and summary."""
+    return "; ".join(f"{k.usage}: {k.summary}" for k in KINDS.values()) + "; A+B: a fallback chain tried in order"
+
+
+def shipped_asset(asset: str, target_name: str | None) -> Path | None:
+    """`assets/ASSET/KEY` for a target that ships assets (the embedded default), else None."""
+    key = SHIPPED_FOR.get(target_name or "")
+    return None if key is None else ASSETS / asset / key

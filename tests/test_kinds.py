@@ -1,0 +1,111 @@
+"""One record per drafter kind (drafters/kinds.py): the records are complete, every surface reads
+them, and a new kind is one record: registering it makes it parse, build, draft (losslessly, in
+chains, chains of stages and cascades), refuse bad arguments and show in the help, with nothing else
+changed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import Engine, EngineConfig, QuickdraftError
+from quickdraft.drafters import KINDS, Drafter, make_drafter
+from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, help_text, shipped_asset
+from quickdraft.drafters.spec import int_arg, parse_drafter_spec
+from quickdraft.options import options_from
+from quickdraft.types import Proposal
+
+from conftest import tiny_text_model
+
+DEFAULT = "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_record_is_complete(name):
+    kind = KINDS[name]
+    assert kind.name == name and kind.usage.startswith(name) and kind.summary and callable(kind.build)
+    assert not kind.reads_target or kind.has_model, "reading the target's states means running a model"
+    if kind.module is not None:  # a trainable module: train-draft makes it, training's eval runs it
+        assert kind.trained_by == "train-draft" and kind.from_module is not None and kind.reads_target
+        assert kind.module.kind == name
+    if kind.asset:  # its shipped module or table is really shipped for the default target
+        folder = shipped_asset(kind.asset, DEFAULT)
+        assert folder is not None and folder.is_dir() and any(folder.iterdir()), folder
+    assert shipped_asset(kind.asset or name, "another-model") is None
+
+
+def test_the_surfaces_read_the_records():
+    from quickdraft.distill.train_draft_cli import KINDS as TRAINABLE
+    from quickdraft.export import vllm_speculative_config
+    from quickdraft.options import OPTIONS
+
+    assert all(k.usage in OPTIONS["drafter"].help for k in KINDS.values())
+    assert set(TRAINABLE) == {k.name for k in KINDS.values() if k.module is not None}
+    exportable = {k.name for k in KINDS.values() if k.export is not None}
+    assert exportable == {"ngram", "suffix", "model", "truncated"}
+    with pytest.raises(QuickdraftError, match="no vLLM equivalent"):
+        vllm_speculative_config("mag", 4)
+    with pytest.raises(QuickdraftError, match="tree"):  # mix needs a model kind that drafts trees
+        parse_drafter_spec("mix:kangaroo")
+    assert parse_drafter_spec("mix:quant")[0].arg == "quant"
+
+
+def test_pearl_refuses_the_kinds_whose_record_reads_the_target():
+    from quickdraft.config import SamplingConfig
+    from quickdraft.decoding.registry import METHODS, DecodeParts
+    from quickdraft.models.cached_model import CachedModel
+
+    target = tiny_text_model(dtype=torch.float64)
+    readers = sorted(k.name for k in KINDS.values() if k.reads_target)
+    assert readers == ["head", "kangaroo", "specdec"]
+    for name in readers:  # the chain's first stage reads nothing: the refusal comes from the record
+        config = EngineConfig(method="pearl", drafter=f"ngram+{name}:/nowhere")
+        parts = DecodeParts(CachedModel(target.model), make_drafter("ngram", target), config)
+        with pytest.raises(QuickdraftError, match="PEARL") as refused:
+            METHODS["pearl"].build(parts, SamplingConfig())
+        assert name in str(refused.value)
+
+
+# --- a new kind, declared as a user would, in one record ----------------------------------------
+
+
+class RepeatDrafter(Drafter):
+    """Drafts the last committed token N times (model-free, deterministic: q one-hot)."""
+
+    def __init__(self, times: int, name: str) -> None:
+        self.times, self.name = times, name
+
+    def propose(self, context, num_draft_tokens, sampling, generator, keep_drafting=None) -> Proposal:
+        return Proposal(tokens=torch.tensor([context[-1]] * min(self.times, num_draft_tokens), dtype=torch.long))
+
+
+REPEAT = DrafterKind(
+    name="repeat",
+    usage="repeat[:N]",
+    summary="the last token, N times",
+    build=lambda spec, target, dtype, runtime: RepeatDrafter(int_arg("repeat", spec.arg, 2), str(spec)),
+    check_arg=lambda arg: int_arg("repeat", arg, 2),
+    has_model=False,
+)
+
+
+@pytest.fixture
+def with_repeat(monkeypatch):
+    monkeypatch.setitem(KINDS, "repeat", REPEAT)
+
+
+def test_a_new_kind_is_one_record(with_repeat):
+    assert parse_drafter_spec("repeat:3") == (DrafterSpec("repeat", "3"),)
+    assert "repeat[:N]: the last token, N times" in help_text()
+    with pytest.raises(QuickdraftError, match="repeat"):
+        parse_drafter_spec("repeat:zero")
+    with pytest.raises(QuickdraftError, match="no dtype"):
+        parse_drafter_spec("repeat@float32")
+    target = tiny_text_model(dtype=torch.float64)
+    plain = Engine(target, EngineConfig(method="ar")).generate("aaaa bbbb", max_new_tokens=24)
+    for spec in ("repeat:3", "ngram:2:2+repeat", "csd:repeat>mag"):
+        out = Engine(target, options_from({"drafter": spec, "draft_tree": 0})).generate("aaaa bbbb", max_new_tokens=24)
+        assert out.token_ids == plain.token_ids, spec
+        assert out.stats.num_draft_tokens > 0, spec  # speculation happened
+    sampled = Engine(target, options_from({"method": "pearl", "drafter": "repeat:2", "gamma": 2}))
+    assert len(sampled.generate("abab", max_new_tokens=8, temperature=1.0, seed=1).token_ids) == 8
