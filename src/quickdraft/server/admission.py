@@ -1,0 +1,123 @@
+"""Admission: what a request must pass before it takes a worker slot. The engine must be loaded
+(503 otherwise), the body JSON within its size (415, 413, 400), the request valid and for this model
+(400, 404), the prompt within the context (400); then a queue slot (429 when full), and the
+generation starts."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.engine import Engine
+from quickdraft.errors import ContextLengthError, QuickdraftError
+from quickdraft.server.protocol import APIError, CompletionRequest, parse_request
+from quickdraft.server.worker import Worker
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # default request size limit (413 above it)
+
+
+@dataclass
+class Admitted:
+    """A request that got a worker slot: its parsed form, prompt ids and the generation's events."""
+
+    req: CompletionRequest
+    ids: list[int]
+    events: object  # asyncio.Queue of worker events
+    cancel: threading.Event
+
+
+class Admission:
+    """The engine (loaded in the background), the worker's queue, and the checks in front of them.
+
+    Args:
+        load_engine: builds the engine (run once, off the event loop, by `load`).
+        worker: runs generations behind a bounded queue.
+        model_name: the id clients send (default: the target's name once loaded).
+        default_max_tokens: a request's max_tokens when it gives none.
+        max_body_bytes: the request size limit.
+    """
+
+    def __init__(
+        self,
+        load_engine: Callable[[], Engine],
+        worker: Worker,
+        model_name: str | None,
+        default_max_tokens: int,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.load_engine, self.worker = load_engine, worker
+        self.state: dict = {"engine": None, "error": None, "name": model_name}
+        self.default_max_tokens, self.max_body_bytes = default_max_tokens, max_body_bytes
+
+    @property
+    def name(self) -> str | None:
+        return self.state["name"]
+
+    def load(self) -> None:
+        """Build the engine; a failure is kept for /health."""
+        try:
+            engine = self.load_engine()
+            self.state["name"] = self.state["name"] or engine.target_info.name
+            self.state["engine"] = engine
+        except Exception as exc:  # reported by /health
+            self.state["error"] = str(exc)
+
+    def ready_engine(self) -> Engine:
+        """The loaded engine, or 503."""
+        if self.state["engine"] is None:
+            msg = f"model failed to load: {self.state['error']}" if self.state["error"] else "model is loading"
+            raise APIError(503, msg, type_="service_unavailable")
+        return self.state["engine"]
+
+    async def read_json(self, request: Request) -> object:
+        """The parsed body: 415 unless JSON, 413 above max_body_bytes (checked on Content-Length before
+        reading, and again while reading for bodies without one), 400 for anything json can't parse,
+        nesting too deep for the parser included."""
+        limit = self.max_body_bytes
+        ctype = request.headers.get("content-type", "")
+        if not ctype.split(";")[0].strip().lower() == "application/json":
+            raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit}")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+        try:
+            return json.loads(body)
+        except RecursionError:
+            raise APIError(400, "the request body is nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, over-long integers
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+    async def admit(self, request: Request, kind: str) -> Admitted | None:
+        """Validate `request` and start its generation; None when the queue is full (429)."""
+        req = parse_request(await self.read_json(request), kind, self.default_max_tokens)
+        engine = self.ready_engine()
+        if req.model is not None and req.model != self.name:
+            raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)
+        try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
+            ids = engine.encode(req.messages if kind == "chat" else req.prompt)
+            sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
+            stop = StopConfig(req.max_tokens, engine.target_info.eos_token_ids, tuple(req.stop))
+            engine.check_length(len(ids), req.max_tokens)  # before the request takes a queue slot
+        except ContextLengthError as exc:
+            raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
+        except QuickdraftError as exc:
+            raise APIError(400, str(exc)) from None
+        if not self.worker.try_admit():
+            return None
+        cancel = threading.Event()
+        try:
+            events = self.worker.run(engine, ids, sampling, stop, cancel)
+        except BaseException:
+            self.worker.release()
+            raise
+        return Admitted(req, ids, events, cancel)

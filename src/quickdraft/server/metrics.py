@@ -1,0 +1,63 @@
+"""The server's Prometheus metrics (named like vLLM's where they exist) and the middleware that
+counts requests by route and status."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from quickdraft.types import GenerationResult
+
+
+class Metrics:
+    """Prometheus counters and gauges (own registry per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "quickdraft:requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.generated = Counter("quickdraft:generation_tokens", "generated tokens", registry=r)
+        self.drafts = Counter("quickdraft:spec_decode_num_drafts", "draft/verify rounds with drafts", registry=r)
+        self.draft_tokens = Counter("quickdraft:spec_decode_num_draft_tokens", "draft tokens", registry=r)
+        self.accepted = Counter("quickdraft:spec_decode_num_accepted_tokens", "accepted draft tokens", registry=r)
+        self.accepted_pos = Counter(
+            "quickdraft:spec_decode_num_accepted_tokens_per_pos",
+            "accepted draft tokens per draft position",
+            ["position"],
+            registry=r,
+        )
+        self.pending = Gauge("quickdraft:num_requests_pending", "running + waiting requests", registry=r)
+
+    def observe(self, result: GenerationResult) -> None:
+        s = result.stats
+        self.generated.inc(s.num_new_tokens)
+        self.drafts.inc(s.num_drafts)
+        self.draft_tokens.inc(s.num_draft_tokens)
+        self.accepted.inc(s.num_accepted_draft_tokens)
+        for pos, n in enumerate(s.accepted_per_position):
+            self.accepted_pos.labels(position=str(pos)).inc(n)
+
+
+class CountRequests:
+    """Pure ASGI middleware counting requests by route and status (BaseHTTPMiddleware would hide
+    client disconnects from the handlers)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.metrics.requests.labels(route=scope["path"], status=str(status["code"])).inc()
