@@ -45,7 +45,7 @@ class BlockDrafterRunner(FeatureRows):
         mask = torch.ones(k, committed + k, dtype=torch.bool, device=positions.device)  # prefix + all queries
         out = self.head.query(k, positions, self.kv, mask)[0]  # (k, H)
         self.draft_steps += 1
-        self.kv.length = committed  # queries are never kept
+        self.kv.rollback(committed)  # queries are never kept
         logits = self.lm.logits(out)  # (k, V)
         q_rows: list[torch.Tensor] = []
         tokens = [draft_token(logits[j], sampling, generator, q_rows) for j in range(k)]

@@ -21,7 +21,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import FEATURES, Drafter, KeepDrafting, draft_token, empty_proposal
 from quickdraft.drafters.kinds import DrafterKind
 from quickdraft.drafters.reuse import HeadLM, reusing_builder
-from quickdraft.models.draft_heads import BlockKV, FeatureHead
+from quickdraft.models.draft_heads import FeatureHead, block_cache
 from quickdraft.types import Proposal
 
 
@@ -35,13 +35,14 @@ class FeatureRows(Drafter):
         self.head, self.lm, self.name = head, lm, name
         self.feats: list[torch.Tensor] = []
         self.draft_steps = 0  # head forwards since `begin` (the bench's cost model)
-        self.kv = BlockKV(head.cfg, lm.embed.dtype, lm.embed.device)
+        self.kv = block_cache(head.cfg, lm.embed.dtype, lm.embed.device)
 
     def bind(self, target) -> None:
         """Nothing to hold: features arrive through `observe`."""
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.feats, self.kv.length, self.draft_steps = [], 0, 0
+        self.feats, self.draft_steps = [], 0
+        self.kv.rollback(0)
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.feats.extend(states[FEATURES])
@@ -50,7 +51,7 @@ class FeatureRows(Drafter):
         """Seconds of one head step (one row through the block and the LM head)."""
         import time
 
-        kv, self.kv = self.kv, BlockKV(self.head.cfg, self.lm.embed.dtype, self.lm.embed.device)
+        kv, self.kv = self.kv, block_cache(self.head.cfg, self.lm.embed.dtype, self.lm.embed.device)
         x = self.lm.embed[:1]
         with torch.inference_mode():
             self._rows(x, torch.zeros(1, dtype=torch.long))
@@ -112,7 +113,7 @@ class FeatureHeadDrafter(FeatureRows):
             return self.lm.logits(out)
 
         tree = grow_tree(self.lm.logits(root)[0], expand, shape, sampling, generator)
-        self.kv.length = committed
+        self.kv.rollback(committed)
         return tree
 
     @torch.inference_mode()
@@ -136,7 +137,7 @@ class FeatureHeadDrafter(FeatureRows):
             if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
                 break
             pred = self._rows(pred, torch.tensor(tokens[-1:]))
-        self.kv.length = committed  # drop the rows built on predicted features
+        self.kv.rollback(committed)  # drop the rows built on predicted features
         return Proposal(
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,

@@ -22,7 +22,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, KeepDrafting, draft_token, empty_proposal
 from quickdraft.drafters.kinds import DrafterKind
 from quickdraft.drafters.reuse import HeadLM, reusing_builder
-from quickdraft.models.draft_heads import BlockKV, KangarooAdapter
+from quickdraft.models.draft_heads import KangarooAdapter, block_cache
 from quickdraft.types import Proposal
 
 
@@ -42,14 +42,15 @@ class KangarooDrafter(Drafter):
         self.target = None
         self.states: list[torch.Tensor] = []
         self.draft_steps = 0  # shallow passes + adapter steps since `begin` (the bench's cost model)
-        self.kv = BlockKV(adapter.cfg, lm.embed.dtype, lm.embed.device)
+        self.kv = block_cache(adapter.cfg, lm.embed.dtype, lm.embed.device)
 
     def bind(self, target) -> None:
         """The target's cache owner: the shallow layers run through it, on its cache."""
         self.target = target
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.states, self.kv.length, self.draft_steps = [], 0, 0
+        self.states, self.draft_steps = [], 0
+        self.kv.rollback(0)
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.states.extend(states[self.exit_layer])
@@ -62,7 +63,7 @@ class KangarooDrafter(Drafter):
             return None
         import time
 
-        kv, self.kv = self.kv, BlockKV(self.adapter.cfg, self.lm.embed.dtype, self.lm.embed.device)
+        kv, self.kv = self.kv, block_cache(self.adapter.cfg, self.lm.embed.dtype, self.lm.embed.device)
         self.target.prefill([0] * 16)
         with torch.inference_mode():
             self._adapt(self.target.extend_shallow([1], self.exit_layer))
@@ -115,7 +116,7 @@ class KangarooDrafter(Drafter):
                 break
             if keep_drafting is not None and not keep_drafting(logits):
                 break
-        self.kv.length = committed
+        self.kv.rollback(committed)
         return Proposal(
             tokens=torch.tensor(tokens, dtype=torch.long),
             q_probs=torch.stack(q_rows) if q_rows else None,

@@ -2,7 +2,8 @@
 
 Both are one small attention block of the target's shape; the token embedding and the LM head are
 the target's own (frozen, not stored). The same modules train (batched, teacher-forced: `distill/`)
-and draft (one sequence, incrementally, over a `BlockKV` cache owned by the drafter).
+and draft (one sequence, incrementally, over a one-layer `KVCache` owned by the drafter); the block is
+the native target's (`llama_block.Block`: one Llama block, one RoPE, one cache protocol).
 
 - `KangarooAdapter` (Kangaroo, arXiv 2404.18911): the state after the target's first l layers ->
   h + Attn(RMSNorm(h)) -> its own RMSNorm -> the LM head. No MLP.
@@ -21,11 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tables
 
 HEAD_WEIGHTS = "draft_head.safetensors"
 HEAD_META = "draft_head.json"
@@ -75,23 +76,9 @@ class DraftHeadConfig:
         )
 
 
-class BlockKV:
-    """The one attention block's keys and values for one sequence: (kv_heads, capacity, head_dim)
-    each, grown by doubling; `length` rows are valid (rollback = a new length)."""
-
-    def __init__(self, cfg: DraftHeadConfig, dtype, device, capacity: int = 512) -> None:
-        self.k = torch.zeros(cfg.kv_heads, capacity, cfg.head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
-
-    def ensure(self, length: int) -> None:
-        if length > self.k.shape[1]:
-            new = max(length, 2 * self.k.shape[1])
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                grown = old.new_zeros(old.shape[0], new, old.shape[2])
-                grown[:, : old.shape[1]] = old
-                setattr(self, name, grown)
+def block_cache(cfg: DraftHeadConfig, dtype, device, capacity: int = 512) -> KVCache:
+    """The one attention block's cache for one sequence (a one-layer `KVCache`)."""
+    return KVCache(1, cfg.kv_heads, cfg.head_dim, dtype, device, capacity)
 
 
 class DraftBlock(nn.Module):
@@ -114,48 +101,42 @@ class DraftBlock(nn.Module):
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    def block(self) -> Block:
+        """This module's weights as the shared Llama block (`llama_block.Block`): the same arithmetic
+        as the native target's layers."""
+        cfg, mlp = self.cfg, bool(self.cfg.intermediate)
+        return Block(
+            self.attn_norm.weight,
+            [self.wq, self.wk, self.wv],
+            self.wo,
+            self.mlp_norm.weight if mlp else None,
+            [self.gate, self.up] if mlp else [],
+            [cfg.intermediate, cfg.intermediate] if mlp else [],
+            self.down if mlp else None,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            cfg.eps,
+        )
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None, mask: torch.Tensor | None = None
+        self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x: (B, T, H) rows at `positions` (T,), causal among themselves; with `kv` (B = 1) they
         follow kv.length cached rows, are written there, and kv.length advances; `mask` (T, length
         + T) bool then replaces the causal rule (token trees); without `kv`, `mask` (B, 1, T, T)
         does. Returns (B, T, H)."""
-        b, t, _ = x.shape
-        cfg = self.cfg
-        h = self.attn_norm(x)
-        q = self.wq(h).view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)  # (B, nh, T, d)
-        k = self.wk(h).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.wv(h).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
-        cos, sin = self.rope(positions, q.dtype)
-        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        t = x.shape[1]
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         if kv is None:
-            causal = mask is None and t > 1
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-        else:
-            at = kv.length
-            kv.ensure(at + t)
-            kv.k[:, at : at + t], kv.v[:, at : at + t] = k[0].to(kv.k.dtype), v[0].to(kv.v.dtype)
-            kv.length = at + t
-            if mask is None and t > 1:
-                mask = torch.ones(t, at + t, dtype=torch.bool, device=x.device).tril(diagonal=at)
-            keys, values = kv.k[None, :, : at + t].to(q.dtype), kv.v[None, :, : at + t].to(q.dtype)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        x = x + self.wo(out.transpose(1, 2).reshape(b, t, cfg.heads * cfg.head_dim))
-        if cfg.intermediate:
-            h = self.mlp_norm(x)
-            x = x + self.down(F.silu(self.gate(h)) * self.up(h))
-        return x
+            return self.block().forward(x, cos, sin, mask=mask)
+        at = kv.length
+        kv.ensure(at + t)
+        if mask is None and t > 1:
+            mask = causal_mask(t, at, x.device)
+        out = self.block().forward(x[0], cos, sin, kv, 0, at, mask)[None]
+        kv.length = at + t
+        return out
 
 
 class KangarooAdapter(nn.Module):
@@ -169,7 +150,7 @@ class KangarooAdapter(nn.Module):
         self.block = DraftBlock(cfg)
         self.out_norm = nn.RMSNorm(cfg.hidden, eps=cfg.eps)
 
-    def forward(self, shallow: torch.Tensor, positions: torch.Tensor, kv: BlockKV | None = None) -> torch.Tensor:
+    def forward(self, shallow: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
         return self.out_norm(self.block(shallow, positions, kv))
 
 
@@ -189,7 +170,7 @@ class FeatureHead(nn.Module):
         features: torch.Tensor,
         next_embeds: torch.Tensor,
         positions: torch.Tensor,
-        kv: BlockKV | None = None,
+        kv: KVCache | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv, mask)
@@ -207,7 +188,7 @@ class BlockDrafter(FeatureHead):
         super().__init__(cfg)
         self.queries = nn.Parameter(torch.randn(cfg.block, cfg.hidden) * 0.02)
 
-    def query(self, count: int, positions: torch.Tensor, kv: BlockKV, mask: torch.Tensor | None = None):
+    def query(self, count: int, positions: torch.Tensor, kv: KVCache, mask: torch.Tensor | None = None):
         """(1, count, H) outputs of the first `count` mask queries after the cached prefix."""
         return self.block(self.queries[:count][None], positions, kv, mask)
 

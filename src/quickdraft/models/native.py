@@ -15,12 +15,11 @@ owner of the cache) says where the new rows are written; the cache never realloc
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from quickdraft.models.linear import Linear, apply_rows, fuse_rows, packed_pays
+from quickdraft.models.linear import Linear, fuse_rows, packed_pays
+from quickdraft.models.llama_block import Block, KVCache, rms_norm, rope_tables
 
 
 def unsupported_reason(model) -> str | None:
@@ -36,51 +35,6 @@ def unsupported_reason(model) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
         return "activation other than silu, or pretraining_tp > 1"
     return None
-
-
-@dataclass
-class _Layer:
-    """One block's weights; q, k, v (and gate, up) are one kernel call where `fuse_rows` can join them."""
-
-    attn_norm: torch.Tensor
-    qkv: list[Callable]  # q, k and v rows: one fused linear, or the three
-    wo: Callable
-    mlp_norm: torch.Tensor
-    gate_up: list[Callable]
-    gate_up_sizes: list[int]
-    down: Callable
-
-
-class StaticKV:
-    """Preallocated keys and values: (layers, kv_heads, capacity, head_dim) each, grown by doubling
-    (rare: the capacity starts at the expected length), never per call."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int, limit: int) -> None:
-        self.limit = limit
-        shape = (layers, kv_heads, min(capacity, limit), head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def ensure(self, length: int) -> None:
-        if length <= self.capacity:
-            return
-        if length > self.limit:
-            raise ValueError(f"KV cache of {length} positions exceeds the model's context of {self.limit}")
-        new = min(self.limit, max(length, 2 * self.capacity))
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = torch.zeros((*old.shape[:2], new, old.shape[3]), dtype=old.dtype, device=old.device)
-            grown[:, :, : old.shape[2]] = old
-            setattr(self, name, grown)
-
-    def move_rows(self, src: torch.Tensor, dst: int, layers: slice = slice(None)) -> None:
-        """Copy positions `src` (m,) to dst..dst+m (all layers): keep a chosen subset of new rows."""
-        for t in (self.k, self.v):
-            t[layers, :, dst : dst + src.numel()] = t[layers, :, src]
 
 
 class NativeLlama:
@@ -118,7 +72,7 @@ class NativeLlama:
             qkv = [linear(at + f"self_attn.{n}_proj.weight", getattr(attn, f"{n}_proj")) for n in "qkv"]
             gate_up = [linear(at + f"mlp.{n}_proj.weight", getattr(mlp, f"{n}_proj")) for n in ("gate", "up")]
             self.layers.append(
-                _Layer(
+                Block(
                     block.input_layernorm.weight,
                     fuse_rows(qkv),
                     linear(at + "self_attn.o_proj.weight", attn.o_proj),
@@ -126,6 +80,10 @@ class NativeLlama:
                     fuse_rows(gate_up),
                     [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]],
                     linear(at + "mlp.down_proj.weight", mlp.down_proj),
+                    self.heads,
+                    self.kv_heads,
+                    self.head_dim,
+                    self.eps,
                 )
             )
         self.head_linear = given.pop("lm_head.weight", None)  # None: the cache owner builds it
@@ -137,44 +95,18 @@ class NativeLlama:
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
 
-    def new_cache(self, capacity: int = 512) -> StaticKV:
-        return StaticKV(
+    def new_cache(self, capacity: int = 512) -> KVCache:
+        return KVCache(
             self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device, capacity, self.max_length
         )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """HF's LlamaRMSNorm (in float32, weight applied after the cast back) as one fused aten op."""
-        return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq  # (n, d/2), float32 as in HF
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
-
-    def _attention(self, layer: int, w: _Layer, x, cache: StaticKV, at: int, cos, sin, mask) -> torch.Tensor:
-        n, heads, qk_heads = x.shape[0], self.heads, self.heads + self.kv_heads
-        y = w.qkv[0](x) if len(w.qkv) == 1 else torch.cat([p(x) for p in w.qkv], dim=-1)
-        y = y.view(n, qk_heads + self.kv_heads, self.head_dim)  # q, k and v heads side by side
-        qk = self._rotate(y[:, :qk_heads], cos[:, None], sin[:, None])  # RoPE on q and k heads at once
-        q, k = qk[:, :heads].transpose(0, 1), qk[:, heads:].transpose(0, 1)  # (H, n, d), (KVH, n, d)
-        v = y[:, qk_heads:].transpose(0, 1)
-        cache.k[layer, :, at : at + n] = k
-        cache.v[layer, :, at : at + n] = v
-        keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]  # (KVH, S, d)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-        )  # (1, H, n, d)
-        return w.wo(out[0].transpose(0, 1).reshape(n, self.heads * self.head_dim))
+        """HF's LlamaRMSNorm with this model's epsilon (`llama_block.rms_norm`)."""
+        return rms_norm(x, weight, self.eps)
 
     def forward(
         self,
-        cache: StaticKV,
+        cache: KVCache,
         at: int,
         ids: torch.Tensor | None = None,
         hidden: torch.Tensor | None = None,
@@ -205,7 +137,7 @@ class NativeLlama:
         n = x.shape[0]
         if positions is None:
             positions = torch.arange(at, at + n, device=self.device)
-        cos, sin = self._rope(positions)
+        cos, sin = rope_tables(self.inv_freq, positions, self.dtype, self.rope_scale)
         mask = None
         if tree_mask is not None and tree_mask.shape[1] == at + n:  # a mask over context and new rows
             mask = tree_mask.to(self.device)
@@ -218,10 +150,7 @@ class NativeLlama:
         for i in range(start, stop):
             if i in keep_hidden:
                 kept[i] = x
-            w = self.layers[i]
-            x = x + self._attention(i, w, self.rms_norm(x, w.attn_norm), cache, at, cos, sin, mask)
-            gate, up = apply_rows(w.gate_up, w.gate_up_sizes, self.rms_norm(x, w.mlp_norm))
-            x = x + w.down(F.silu(gate) * up)
+            x = self.layers[i].forward(x, cos, sin, cache, i, at, mask)
         if stop in keep_hidden:
             kept[stop] = x
         if stop == self.num_layers:

@@ -81,6 +81,7 @@ class NativeCachedModel(TokenCacheVerbs):
         self.tokens = []
         self.hidden = {}
         self._shallow = []
+        self.cache.length = 0
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) final-normed states -> (n, V) logits (-inf off a restricted head's ids)."""
@@ -129,6 +130,7 @@ class NativeCachedModel(TokenCacheVerbs):
         self._block_start = at
         self.num_forwards += 1
         self.tokens.extend(int(t) for t in tokens)
+        self.cache.length = self.length
         return self.logits(x[-1:] if last_only else x)
 
     @torch.inference_mode()
@@ -147,6 +149,7 @@ class NativeCachedModel(TokenCacheVerbs):
         x, _ = self.net.forward(self.cache, at, ids, layers=(0, stop))
         self._shallow.extend(int(t) for t in tokens)
         self._shallow_stop = stop
+        self.cache.length = at + len(tokens)
         return x
 
     def rollback(self, length: int) -> None:
@@ -155,6 +158,7 @@ class NativeCachedModel(TokenCacheVerbs):
             raise ValueError(f"rollback to {length} outside [0, {self.length}]")
         del self.tokens[length:]
         self._shallow = []
+        self.cache.rollback(length)
 
     @torch.inference_mode()
     def compact(self, keep: Sequence[int]) -> None:
@@ -164,5 +168,5 @@ class NativeCachedModel(TokenCacheVerbs):
         rows = [start + int(i) for i in keep]
         if any(r >= self.length or r < start for r in rows) or rows != sorted(set(rows)):
             raise ValueError(f"compact: rows {list(keep)} are not increasing rows of the last extend")
-        self.cache.move_rows(torch.tensor(rows, dtype=torch.long, device=self.net.device), start)
+        self.cache.keep(torch.tensor(rows, dtype=torch.long, device=self.net.device), start)
         self.tokens[start:] = [self.tokens[r] for r in rows]

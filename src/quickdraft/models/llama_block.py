@@ -1,0 +1,188 @@
+"""One Llama decoder block and one KV cache, shared by the native target (`native.py`) and the draft
+modules that reuse its shape (`draft_heads.py`: the feature head, Kangaroo's adapter, SpecDec's block
+drafter).
+
+The arithmetic is Hugging Face's, in its order and dtypes (RMSNorm in float32 with the weight applied
+after the cast back, RoPE tables in float32 cast to the activations' dtype, SDPA attention with
+grouped-query heads), so the native target's logits equal Hugging Face's to rounding (1e-10 in
+float64). A block's linears are callables (plain, packed bf16, int8 or int4 kernels: `linear.py`,
+`quant.py`, or a module's own `nn.Linear`), and q/k/v (gate/up) may be one fused call.
+
+`KVCache` is the one position-indexed cache: (layers, kv_heads, capacity, head_dim) keys and values,
+grown by doubling (rarely: the capacity starts at the expected length), `length` valid positions;
+rollback sets a length (nothing is copied) and `keep` moves a chosen subset of new rows into place
+(the accepted path of a tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.models.linear import apply_rows
+
+
+class KVCache:
+    """Preallocated keys and values for `layers` blocks: (layers, kv_heads, capacity, head_dim) each.
+
+    Args:
+        capacity: positions allocated up front (grown by doubling when a write needs more).
+        limit: the most positions it may ever hold (the model's context).
+    """
+
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = 512, limit: int = 1 << 30
+    ) -> None:
+        self.limit = limit
+        shape = (layers, kv_heads, min(capacity, limit), head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def ensure(self, length: int) -> None:
+        """Room for `length` positions."""
+        if length <= self.capacity:
+            return
+        if length > self.limit:
+            raise ValueError(f"KV cache of {length} positions exceeds the model's context of {self.limit}")
+        new = min(self.limit, max(length, 2 * self.capacity))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = torch.zeros((*old.shape[:2], new, old.shape[3]), dtype=old.dtype, device=old.device)
+            grown[:, :, : old.shape[2]] = old
+            setattr(self, name, grown)
+
+    def rollback(self, length: int) -> None:
+        """Keep positions [0, length): a new length, nothing copied."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} outside [0, {self.length}]")
+        self.length = length
+
+    def keep(self, rows: torch.Tensor, dst: int, layers: slice = slice(None)) -> None:
+        """Copy positions `rows` (m,) to dst..dst+m (all layers, or `layers`) and end the cache there:
+        keep a chosen subset of new rows."""
+        for t in (self.k, self.v):
+            t[layers, :, dst : dst + rows.numel()] = t[layers, :, rows]
+        self.length = dst + rows.numel()
+
+    def write(self, layer: int, at: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (kv_heads, n, head_dim) keys and values at positions at..at+n of `layer`; returns the
+        layer's keys and values over [0, at + n) in the cache's dtype."""
+        n = k.shape[1]
+        self.k[layer, :, at : at + n] = k
+        self.v[layer, :, at : at + n] = v
+        return self.k[layer, :, : at + n], self.v[layer, :, : at + n]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm (in float32, weight applied after the cast back), one fused op."""
+    return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rope_tables(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, head_dim) cos and sin of RoPE at `positions` (n,), computed in float32 (whatever dtype a
+    module's `inv_freq` buffer was cast to), cast to `dtype`."""
+    freqs = positions[:, None].float() * inv_freq.to(positions.device, torch.float32)  # (n, d/2), as in HF
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last dimension of `x` (cos, sin broadcast against it)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@dataclass
+class Block:
+    """One decoder block's weights (norm weights as tensors, linears as callables) and shape.
+
+    `qkv` holds the q, k and v linears (or one fused call), `gate_up` the MLP's gate and up (or one
+    fused call) with `gate_up_sizes` their output widths; a block without an MLP (Kangaroo's
+    adapter) has `down` None.
+    """
+
+    attn_norm: torch.Tensor
+    qkv: list[Callable]
+    wo: Callable
+    mlp_norm: torch.Tensor | None
+    gate_up: list[Callable]
+    gate_up_sizes: list[int]
+    down: Callable | None
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        at: int = 0,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention over normed rows at positions with RoPE tables cos, sin (T, d), after the output
+        projection, in the input's shape.
+
+        With `cache`: x is (T, H), one sequence; its keys and values are written at at..at+T of
+        `layer` and the rows attend to [0, at + T) under `mask` ((T, at + T) bool; None: everything,
+        e.g. one row). Without it: x is (B, T, H) and the rows attend among themselves, causally
+        unless `mask` ((B, 1, T, T)) is given."""
+        qk_heads = self.heads + self.kv_heads
+        y = self.qkv[0](x) if len(self.qkv) == 1 else torch.cat([f(x) for f in self.qkv], dim=-1)
+        y = y.unflatten(-1, (qk_heads + self.kv_heads, self.head_dim))  # (..., T, q+k+v heads, d)
+        if cos.dtype != y.dtype:  # under autocast the linears' outputs are in the autocast dtype
+            cos, sin = cos.to(y.dtype), sin.to(y.dtype)
+        qk = rotate(y[..., :qk_heads, :], cos[:, None], sin[:, None])  # RoPE on q and k heads at once
+        q = qk[..., : self.heads, :].transpose(-3, -2)  # (..., heads, T, d)
+        k, v = qk[..., self.heads :, :].transpose(-3, -2), y[..., qk_heads:, :].transpose(-3, -2)
+        if cache is None:
+            causal = mask is None and q.shape[-2] > 1
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        else:
+            keys, values = cache.write(layer, at, k, v)  # (kv_heads, at + T, d)
+            if keys.dtype != q.dtype:  # a cache kept in another dtype than the activations
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
+            )[0]  # (heads, T, d)
+        return self.wo(out.transpose(-3, -2).flatten(-2))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU over normed rows (..., H)."""
+        gate, up = apply_rows(self.gate_up, self.gate_up_sizes, x)
+        return self.down(F.silu(gate) * up)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        at: int = 0,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block over rows ((T, H) with a cache, (B, T, H) without: `attention`): x + attention(norm
+        x), then + MLP(norm x) when it has one."""
+        x = x + self.attention(rms_norm(x, self.attn_norm, self.eps), cos, sin, cache, layer, at, mask)
+        if self.down is not None:
+            x = x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+        return x
+
+
+def causal_mask(t: int, at: int, device) -> torch.Tensor:
+    """(t, at + t) bool: t new rows after `at` cached ones, each seeing the cache and its predecessors."""
+    return torch.ones(t, at + t, dtype=torch.bool, device=device).tril(diagonal=at)
