@@ -100,3 +100,47 @@ def test_drafter_spec_grammar(text, stages):
 def test_bad_drafter_specs(text, message):
     with pytest.raises(QuickdraftError, match=message):
         parse_drafter_spec(text)
+
+
+# --- per-request options: rows of the same table, never part of an engine's config ---------------
+
+
+def test_request_options_are_rows_of_the_one_table():
+    from quickdraft.options import ENGINE_OPTIONS, REQUEST_OPTIONS, RequestOptions, request_from, split_options
+
+    assert set(REQUEST_OPTIONS) == {"temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop"}
+    assert not set(REQUEST_OPTIONS) & set(ENGINE_OPTIONS) and set(REQUEST_OPTIONS) | set(ENGINE_OPTIONS) == set(OPTIONS)
+    assert OPTIONS["temperature"].default == 0.0 and OPTIONS["max_new_tokens"].default == 128
+    got = request_from({"temperature": "0.5", "top_k": "4", "seed": "7", "stop": "END"})
+    assert got.sampling.temperature == 0.5 and got.sampling.top_k == 4 and got.sampling.seed == 7
+    assert got.stop == ("END",) and request_from({"stop": ["a", "b"]}).stop == ("a", "b")
+    assert got.stop_config((2,)).eos_token_ids == (2,) and request_from({}) == RequestOptions()
+    with pytest.raises(QuickdraftError, match="no option 'temperature'"):
+        options_from({"temperature": 0.5})  # an engine is never keyed by a request setting
+    with pytest.raises(QuickdraftError, match="top_p"):
+        request_from({"top_p": 0})  # validated once, by SamplingConfig
+    with pytest.raises(QuickdraftError, match="max_new_tokens"):
+        request_from({"max_new_tokens": 0})
+    with pytest.raises(QuickdraftError, match="no option 'draft_length'"):
+        request_from({"draft_length": 3})
+    engine, request, rest = split_options({"drafter": "ngram", "temperature": 1.0, "raw": True, "schedule": "fixed"})
+    assert engine == {"drafter": "ngram", "schedule": "fixed"} and request == {"temperature": 1.0}
+    assert rest == {"raw": True}
+
+
+def test_every_cli_takes_its_flags_from_the_table():
+    from quickdraft.options import REQUEST_OPTIONS, given_options, request_from
+
+    parser = _build_parser()
+    args = parser.parse_args(["generate", "x", "--temperature", "0.7", "--stop", "a", "--stop", "b", "--seed", "3"])
+    request = request_from(given_options(args, REQUEST_OPTIONS))
+    assert (request.sampling.temperature, request.sampling.seed, request.stop) == (0.7, 3, ("a", "b"))
+    with pytest.raises(SystemExit):  # a per-request option is no server setting
+        parser.parse_args(["serve", "--temperature", "0.5"])
+    for command in (["distill", "--data", "d", "--output", "o"], ["train-draft", "--data", "d", "--output", "o"]):
+        args = parser.parse_args(command)
+        assert (args.target, args.threads, args.device) == (None, None, "auto")  # the table's defaults
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--device", "tpu"])  # the table's choices
+    export = parser.parse_args(["export", "--to", "vllm"])
+    assert (export.drafter, export.draft_length) == (OPTIONS["drafter"].default, OPTIONS["draft_length"].default)

@@ -11,23 +11,20 @@ import json
 import sys
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import OPTIONS, add_option_flags, given_options, options_from
-
-MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device", "quantize")
+from quickdraft.options import (
+    ENGINE_OPTIONS,
+    MODEL_OPTIONS,
+    OPTIONS,
+    REQUEST_OPTIONS,
+    add_option_flags,
+    given_options,
+    options_from,
+    request_from,
+)
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     add_option_flags(p, MODEL_OPTIONS)
-
-
-def _add_request_flags(p: argparse.ArgumentParser) -> None:
-    """Per-request settings (sampling and end conditions)."""
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -38,8 +35,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt (the chat template is applied unless --raw)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"}')
-    add_option_flags(gen, OPTIONS)
-    _add_request_flags(gen)
+    add_option_flags(gen, OPTIONS)  # the engine's options and the request's (sampling, stop, budget)
     gen.set_defaults(func=_cmd_generate)
 
     prep = sub.add_parser(
@@ -78,14 +74,12 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-body-bytes", dest="max_body_bytes", type=int, help="larger request bodies get 413 (default 4 MiB)"
     )
-    add_option_flags(srv, OPTIONS)
+    add_option_flags(srv, ENGINE_OPTIONS)  # per-request settings come with each request
     srv.set_defaults(func=_cmd_serve)
 
     exp = sub.add_parser("export", help="write the equivalent config of another engine")
     exp.add_argument("--to", required=True, choices=("vllm",))
-    exp.add_argument("--drafter", default=OPTIONS["drafter"].default, help=OPTIONS["drafter"].help)
-    exp.add_argument("--draft-length", type=int, default=OPTIONS["draft_length"].default)
-    exp.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    add_option_flags(exp, ("drafter", "draft_length", "target"), keep_defaults=True)
     exp.add_argument("--draft-out", default=None, help="where to save a truncated draft as an HF folder")
     exp.add_argument("--format", default="json", choices=("json", "yaml"))
     exp.add_argument("--output", default=None, help="file to write (default: stdout)")
@@ -127,28 +121,17 @@ def _format_stats(stats: dict) -> str:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from quickdraft.config import SamplingConfig, StopConfig
     from quickdraft.engine import Engine
     from quickdraft.verifiers import make_verifier
 
     # validate every flag before the (slow) model load
-    config = options_from(given_options(args))
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    StopConfig(max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
+    config = options_from(given_options(args, ENGINE_OPTIONS))
+    request = request_from(given_options(args, REQUEST_OPTIONS))
     if config.verifier is not None:
-        make_verifier(config.verifier, sampling)
+        make_verifier(config.verifier, request.sampling)
     engine = Engine.load(config=config)
     try:
-        result = engine.generate(
-            args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            stop=args.stop,
-            raw=args.raw,
-        )
+        result = engine.generate(args.prompt, raw=args.raw, request=request)
     finally:
         engine.close()
     if args.json:
@@ -177,7 +160,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from quickdraft.server import ServeConfig, load_config_file, serve
 
-    known = {f.name for f in fields(ServeConfig)} | set(OPTIONS)  # flags map to settings by name
+    known = {f.name for f in fields(ServeConfig)} | set(ENGINE_OPTIONS)  # flags map to settings by name
     given = {k: v for k, v in vars(args).items() if k in known}
     settings = load_config_file(args.config) if getattr(args, "config", None) else {}
     serve(ServeConfig.from_settings({**settings, **given}))  # names validated before the port binds

@@ -21,7 +21,7 @@ from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.quant import parse_quantize
 from quickdraft.models.quantized import quantize_model
 from quickdraft.models.runtime import cached_model
-from quickdraft.options import EngineConfig, options_from
+from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.types import GenerationResult
 
@@ -142,21 +142,20 @@ class Engine:
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
         raw: bool = False,
+        request: RequestOptions | None = None,
+        **options,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt or a list of prompts (each run alone, batch size 1).
 
         A prompt is a string, a list of chat messages ({"role", "content"}) or a list of token ids;
-        a list of those gives a list of results. `seed` makes sampling reproducible.
+        a list of those gives a list of results. `options` are the per-request options of
+        `options.OPTIONS` (max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
+        stop=()), over `request` when given; `seed` makes sampling reproducible. `raw` skips the
+        chat template.
         """
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        stop_cfg = StopConfig(max_new_tokens, self.target_info.eos_token_ids, tuple(stop or ()))
+        settings = request_from(options, request)
+        sampling, stop_cfg = settings.sampling, settings.stop_config(self.target_info.eos_token_ids)
         many = isinstance(prompts, (list, tuple)) and len(prompts) > 0 and not isinstance(prompts[0], (dict, int))
         items = list(prompts) if many else [prompts]
         results = [self.generate_ids(self.encode(p, raw), sampling, stop_cfg) for p in items]
@@ -177,9 +176,8 @@ def generate(prompts: Prompt | Sequence[Prompt], **kwargs) -> GenerationResult |
         >>> out = quickdraft.generate("What is 2+2?", max_new_tokens=32)     # doctest: +SKIP
         >>> out.text, out.stats.mean_acceptance_length                      # doctest: +SKIP
     """
-    from quickdraft.options import OPTIONS
-
-    config = options_from({k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS})
+    engine_options, request, rest = split_options(kwargs)
+    config = options_from(engine_options)
     loaded_key = _LOADED[0].config if _LOADED else None
     if loaded_key is None or {**vars(loaded_key), "threads": None} != {**vars(config), "threads": None}:
         for engine in _LOADED:
@@ -187,7 +185,7 @@ def generate(prompts: Prompt | Sequence[Prompt], **kwargs) -> GenerationResult |
         _LOADED[:] = [Engine.load(config=config)]
     elif config.threads is not None:
         torch.set_num_threads(config.threads)
-    return _LOADED[0].generate(prompts, **kwargs)
+    return _LOADED[0].generate(prompts, **request, **rest)
 
 
 __all__ = ["Engine", "EngineConfig", "QuickdraftError", "generate"]

@@ -1,12 +1,15 @@
 """The options model: how a generation runs, with one set of defaults, one validator, one parser.
 
-`EngineConfig` holds every choice (method, drafter spec, draft policy, verifier, PEARL window,
-target, dtype, threads); its parts (`DraftConfig`, `PearlConfig`) validate themselves. `OPTIONS` is
-the one table of flat option names as every surface spells them: CLI flags (`--draft-length`),
-serve YAML keys and flags, bench method keys (`sd:draft_length=3`) and `quickdraft.generate()`
-keywords. `options_from` is the one parser (strings are coerced by the option's type, unknown names
-refused with the known ones listed); `add_option_flags` makes the CLI flags from the same table.
-Adding an option: a field on a config dataclass and one row here.
+`EngineConfig` holds every choice that builds an engine (method, drafter spec, draft policy,
+verifier, PEARL window, target, dtype, threads); its parts (`DraftConfig`, `PearlConfig`) validate
+themselves. `RequestOptions` holds what one request sets (sampling, stop strings, the token budget):
+those rows are marked per-request and never key, rebuild or reload an engine. `OPTIONS` is the one
+table of flat option names as every surface spells them: CLI flags (`--draft-length`,
+`--temperature`), serve YAML keys and flags, bench method keys (`sd:draft_length=3`), the server's
+request fields and `quickdraft.generate()` / `Engine.generate()` keywords. `options_from` and
+`request_from` are the one parser (strings are coerced by the option's type, unknown names refused
+with the known ones listed, values validated once by the dataclasses); `add_option_flags` makes the
+CLI flags from the same table. Adding an option: a field on a config dataclass and one row here.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from quickdraft.config import DTYPES, DraftConfig
+from quickdraft.config import DTYPES, DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import DrafterSpec, help_text
@@ -79,6 +82,28 @@ class EngineConfig:
             raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
 
 
+@dataclass(frozen=True)
+class RequestOptions:
+    """What one request sets (per-request options: they never key, rebuild or reload an engine).
+
+    Attributes:
+        sampling: temperature (0 = greedy), top-k, top-p and seed.
+        max_new_tokens: the budget of generated tokens.
+        stop: strings that end the generation (the text is cut before them).
+    """
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.stop_config(())  # validates the budget and the stop strings
+
+    def stop_config(self, eos_token_ids: tuple[int, ...]) -> StopConfig:
+        """When the request's generation ends, given the target's EOS ids."""
+        return StopConfig(self.max_new_tokens, tuple(eos_token_ids), tuple(self.stop))
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
@@ -102,10 +127,12 @@ class Option:
     choices: tuple[str, ...] | None = None
     aliases: tuple[str, ...] = ()
     flag: str | None = None  # a CLI flag other than --name-with-dashes (boolean switches)
+    per_request: bool = False  # a RequestOptions field, set per request (never keys an engine)
+    many: bool = False  # a tuple of strings (a repeatable CLI flag)
 
     @property
     def default(self) -> object:
-        value: object = EngineConfig()
+        value: object = RequestOptions() if self.per_request else EngineConfig()
         for part in self.path:
             value = getattr(value, part)
         return value
@@ -181,9 +208,18 @@ OPTIONS: dict[str, Option] = {
             "the target's weights: none | int8 | int4[:32|:64] | gguf (its own 4-bit blocks; the embedded "
             "default); weight-only, native runtime; a quantized target is a different model",
         ),
+        Option("temperature", ("sampling", "temperature"), float, "0 = greedy", per_request=True),
+        Option("top_k", ("sampling", "top_k"), int, "keep the k most likely tokens (0 = off)", per_request=True),
+        Option("top_p", ("sampling", "top_p"), float, "nucleus sampling mass (1 = off)", per_request=True),
+        Option("seed", ("sampling", "seed"), int, "per-request seed (default: a fresh one)", per_request=True),
+        Option("max_new_tokens", ("max_new_tokens",), int, "budget of generated tokens", per_request=True),
+        Option("stop", ("stop",), str, "stop string (repeatable)", per_request=True, many=True),
     )
 }
 _ALIASES = {a: o.name for o in OPTIONS.values() for a in o.aliases}
+ENGINE_OPTIONS = tuple(name for name, o in OPTIONS.items() if not o.per_request)
+REQUEST_OPTIONS = tuple(name for name, o in OPTIONS.items() if o.per_request)
+MODEL_OPTIONS = ("target", "dtype", "threads", "runtime", "device", "quantize")  # how the models load
 
 
 def option_name(key: str, allowed: Iterable[str] | None = None, where: str = "") -> str:
@@ -195,23 +231,16 @@ def option_name(key: str, allowed: Iterable[str] | None = None, where: str = "")
     return name
 
 
-def options_from(
-    values: Mapping[str, object],
-    base: EngineConfig | None = None,
-    allowed: Iterable[str] | None = None,
-    where: str = "",
-) -> EngineConfig:
-    """EngineConfig from flat options (CLI flags, YAML, bench keys, API keywords) over `base`.
-
-    String values are parsed by the option's type ("3", "0.4", "1", "auto"); every value is then
-    validated by the config dataclasses. `where` prefixes error messages (e.g. "sd:draft_length=x: ").
-    """
-    config = base or EngineConfig()
+def _apply(config, values: Mapping[str, object], allowed: Iterable[str], where: str):
+    """`config` (a dataclass) with flat option values applied along their paths; strings parsed by
+    the option's type, choices checked, then the dataclasses validate (once, in __post_init__)."""
     groups: dict[str, dict[str, object]] = {}
     top: dict[str, object] = {}
     for key, value in values.items():
         opt = OPTIONS[option_name(key, allowed, where)]
-        if isinstance(value, str) and opt.parse is not str:
+        if opt.many:
+            value = (value,) if isinstance(value, str) else tuple(value or ())  # type: ignore[arg-type]
+        elif isinstance(value, str) and opt.parse is not str:
             try:
                 value = opt.parse(value)
             except ValueError:
@@ -227,9 +256,48 @@ def options_from(
     return dataclasses.replace(config, **top)
 
 
-def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+def options_from(
+    values: Mapping[str, object],
+    base: EngineConfig | None = None,
+    allowed: Iterable[str] | None = None,
+    where: str = "",
+) -> EngineConfig:
+    """EngineConfig from flat engine options (CLI flags, YAML, bench keys, API keywords) over `base`.
+
+    String values are parsed by the option's type ("3", "0.4", "1", "auto"); every value is then
+    validated by the config dataclasses. `where` prefixes error messages (e.g. "sd:draft_length=x: ").
+    Per-request options are refused here (`request_from` takes them).
+    """
+    return _apply(base or EngineConfig(), values, ENGINE_OPTIONS if allowed is None else allowed, where)
+
+
+def request_from(values: Mapping[str, object], base: RequestOptions | None = None, where: str = "") -> RequestOptions:
+    """RequestOptions from flat per-request options (temperature, top_k, top_p, seed,
+    max_new_tokens, stop) over `base`: the CLI's flags, `Engine.generate` keywords, the server's
+    request fields and the bench's budget all pass here."""
+    return _apply(base or RequestOptions(), values, REQUEST_OPTIONS, where)
+
+
+def split_options(values: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    """(engine options, per-request options, the rest) of flat keyword values (aliases resolved)."""
+    engine: dict[str, object] = {}
+    request: dict[str, object] = {}
+    rest: dict[str, object] = {}
+    for key, value in values.items():
+        name = _ALIASES.get(key, key)
+        target = rest if name not in OPTIONS else request if OPTIONS[name].per_request else engine
+        target[key] = value
+    return engine, request, rest
+
+
+def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str], keep_defaults: bool = False) -> None:
     """CLI flags for `names`; an absent flag stays absent from the namespace (defaults live in the
-    dataclasses, so a YAML file or a later layer can fill it)."""
+    dataclasses, so a YAML file or a later layer can fill it), or, with `keep_defaults`, takes the
+    table's default (commands that read `args.NAME` directly: distill, train-draft, export)."""
+
+    def keep_default(value):
+        return list(value) if isinstance(value, tuple) else value
+
     for name in names:
         opt = OPTIONS[name]
         default = opt.default
@@ -239,13 +307,15 @@ def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> N
             )
             continue
         kind = opt.parse if opt.parse in (int, float) else str
+        shown = "auto" if default is None and opt.parse is _int_or_auto else default
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             choices=opt.choices,
-            default=argparse.SUPPRESS,
-            help=f"{opt.help} (default: {'auto' if default is None and opt.parse is _int_or_auto else default})",
+            action="append" if opt.many else "store",
+            default=keep_default(default) if keep_defaults else argparse.SUPPRESS,
+            help=opt.help if opt.many else f"{opt.help} (default: {shown})",
         )
 
 

@@ -9,6 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from quickdraft.options import add_option_flags
+
 QUICK = {"limit": 1, "max_new_tokens": 64, "runs": 2}
 DEFAULTS = {"limit": None, "max_new_tokens": 128, "runs": 3}
 
@@ -23,7 +25,7 @@ def add_bench_parser(sub, add_model_flags) -> None:
     bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
-    bench.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    add_option_flags(bench, ("max_new_tokens",))  # absent: the preset's (128, or 64 with --quick)
     bench.add_argument("--runs", type=int, default=None, help="repeats (default 3)")
     bench.add_argument(
         "--quick", action="store_true", help="preset: 1 prompt per category, 64 new tokens, 2 runs (explicit flags win)"
@@ -55,7 +57,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     model = options_from(given_options(args, ("target", "dtype", "threads", "runtime", "device", "quantize")))
     for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win
-        if getattr(args, key) is None:
+        if getattr(args, key, None) is None:
             setattr(args, key, value if args.quick else DEFAULTS.get(key))
     config = BenchConfig(
         methods=args.methods,

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
-from quickdraft.options import OPTIONS, option_name, options_from
+from quickdraft.options import OPTIONS, option_name, options_from, request_from
 
 PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule")}
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
@@ -137,8 +136,9 @@ class QuickdraftMethod:
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         from quickdraft.bench.cost import draft_steps, relative_costs
 
-        stop = StopConfig(max_new_tokens, self.engine.target_info.eos_token_ids)
-        res = self.engine.generate_ids(prompt_ids, SamplingConfig(temperature=0.0), stop)
+        request = request_from({"max_new_tokens": max_new_tokens})  # greedy: the table's default
+        stop = request.stop_config(self.engine.target_info.eos_token_ids)
+        res = self.engine.generate_ids(prompt_ids, request.sampling, stop)
         s = res.stats
         units = 0.0 if self.spec.name == "ar" else None
         if self.spec.name == "sd":

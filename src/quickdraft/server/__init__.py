@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quickdraft.decoding.registry import METHODS
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import OPTIONS, EngineConfig, options_from
+from quickdraft.options import ENGINE_OPTIONS, EngineConfig, options_from
 
 
 @dataclass
@@ -33,12 +33,12 @@ class ServeConfig:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, object], where: str = "") -> ServeConfig:
-        """Split flat settings into the server's and the engine's (options.OPTIONS); refuse others."""
+        """Split flat settings into the server's and the engine's (options.ENGINE_OPTIONS); refuse others."""
         own = {f.name for f in fields(cls)} - {"engine"}
-        unknown = sorted(set(settings) - own - set(OPTIONS))
+        unknown = sorted(set(settings) - own - set(ENGINE_OPTIONS))
         if unknown:
-            raise QuickdraftError(f"{where}unknown settings {unknown}; known: {sorted(own | set(OPTIONS))}")
-        engine = options_from({k: v for k, v in settings.items() if k in OPTIONS}, where=where)
+            raise QuickdraftError(f"{where}unknown settings {unknown}; known: {sorted(own | set(ENGINE_OPTIONS))}")
+        engine = options_from({k: v for k, v in settings.items() if k in ENGINE_OPTIONS}, where=where)
         return cls(engine=engine, **{k: v for k, v in settings.items() if k in own})
 
 

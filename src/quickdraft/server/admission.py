@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.server.protocol import APIError, CompletionRequest, parse_request
@@ -105,8 +104,7 @@ class Admission:
             raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)
         try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
             ids = engine.encode(req.messages if kind == "chat" else req.prompt)
-            sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
-            stop = StopConfig(req.max_tokens, engine.target_info.eos_token_ids, tuple(req.stop))
+            sampling, stop = req.options.sampling, req.options.stop_config(engine.target_info.eos_token_ids)
             engine.check_length(len(ids), req.max_tokens)  # before the request takes a queue slot
         except ContextLengthError as exc:
             raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None

@@ -14,6 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from quickdraft.errors import QuickdraftError
+from quickdraft.options import RequestOptions, request_from
 from quickdraft.types import GenerationResult, SpecStats
 
 
@@ -76,6 +78,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     return_spec_stats: bool = False
+    options: RequestOptions = field(default_factory=RequestOptions)  # the settings above, validated
 
 
 def _short(value: object, limit: int = 80) -> str:
@@ -181,21 +184,21 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
         req.prompt = _prompt(body["prompt"])
         max_name = "max_tokens"
     req.max_tokens = _integer(body, max_name, default_max_tokens, 1)
-    req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)  # OpenAI's range
     req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if req.top_p == 0.0:
-        raise APIError(400, "'top_p' must be in (0, 1]", "top_p")
     top_k = _integer(body, "top_k", 0, -1)
-    req.top_k = 0 if top_k == -1 else top_k
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise APIError(400, "'seed' must be an integer", "seed")
-    req.seed = seed
+    req.top_k = 0 if top_k == -1 else top_k  # vLLM's -1 = off
+    req.seed = body.get("seed")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 non-empty strings", "stop")
     req.stop = [_check_text(s, "stop") for s in stops]
+    settings = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed}
+    try:  # validated by the options table's dataclasses, as every surface's settings are
+        req.options = request_from({**settings, "max_new_tokens": req.max_tokens, "stop": req.stop})
+    except QuickdraftError as exc:
+        raise APIError(400, str(exc)) from None
     for flag in ("stream", "return_spec_stats"):
         value = body.get(flag, False)
         if not isinstance(value, bool):
