@@ -146,14 +146,16 @@ def test_hidden_states_and_layer_ranges_match_hf():
     with torch.no_grad():
         ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states  # (L + 1) x (1, n, H)
     layers = nat.net.num_layers
-    nat.extend(ids, keep_hidden=range(layers + 1))
+    out = nat.forward(ids, keep_hidden=range(layers + 1), features=True)  # one record: logits and states
     for i in range(layers):  # HF's last entry is after the final norm; ours at num_layers is before it
-        assert close(nat.hidden[i], ref[i][0], torch.float64), f"layer {i}"
-    assert close(nat.net.rms_norm(nat.hidden[layers], nat.net.norm), ref[layers][0], torch.float64)
+        assert close(out.hidden[i], ref[i][0], torch.float64), f"layer {i}"
+    assert close(nat.net.rms_norm(out.hidden[layers], nat.net.norm), ref[layers][0], torch.float64)
+    assert close(out.features, ref[layers][0], torch.float64)  # the final-normed rows the head reads
+    assert not hasattr(nat, "hidden") and not hasattr(nat, "features")  # the owner keeps only its cache
     # run layers [2, L) alone from the state entering layer 2: the same final states
     cache = nat.net.new_cache()
     nat.net.forward(cache, 0, torch.tensor(ids), layers=(0, 2))
-    out, _ = nat.net.forward(cache, 0, hidden=nat.hidden[2], layers=(2, layers))
+    out, _ = nat.net.forward(cache, 0, hidden=out.hidden[2], layers=(2, layers))
     assert close(out, ref[layers][0], torch.float64)
 
 

@@ -16,10 +16,12 @@ from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.distill.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
-from quickdraft.drafters import FallbackDrafter, ngram_drafter
+from quickdraft.drafters import FallbackDrafter, PromptLookupDrafter, ngram_drafter
+from quickdraft.drafters.base import FEATURES
 from quickdraft.drafters.block import BlockDrafterRunner
-from quickdraft.drafters.feature_head import FeatureHeadDrafter, HeadLM
+from quickdraft.drafters.feature_head import FeatureHeadDrafter
 from quickdraft.drafters.kangaroo import KangarooDrafter
+from quickdraft.drafters.reuse import HeadLM
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -49,13 +51,13 @@ def overfit(kind: str, target, steps: int = 150):
     """Train a module on the target's own greedy continuation of PROMPT (one batch, fixed)."""
     text = PROMPT + plain(target, 64)
     owner = NativeCachedModel(target.model)
-    owner.extend(text, keep_hidden=(1,))
+    out = owner.forward(text, keep_hidden=(1,), features=True)
     batch = Batch(
         ids=torch.tensor([text]),
         lengths=[len(text)],
         prompt_lens=[len(PROMPT)],
-        feats=owner.features[None].clone(),
-        shallow=owner.hidden[1][None].clone(),
+        feats=out.features[None].clone(),
+        shallow=out.hidden[1][None].clone(),
     )
     cfg = HeadTrainingConfig(kinds=(kind,), exit_layer=1, block=3)
     module = new_module(kind, target.model, cfg).double()
@@ -109,10 +111,10 @@ def test_kangaroo_shallow_extend_equals_a_full_extend(target):
     split.prefill(PROMPT)
     rows = [7, 8, 9]
     states = torch.cat([split.extend_shallow([t], 2) for t in rows])
-    got = split.extend(rows, shallow=states, keep_hidden=(2,))
-    want = full.extend(rows, keep_hidden=(2,))
-    assert torch.allclose(got, want, atol=1e-10, rtol=0)
-    assert torch.equal(split.hidden[2], states) and torch.allclose(full.hidden[2], states, atol=1e-10)
+    got = split.forward(rows, shallow=states, keep_hidden=(2,))
+    want = full.forward(rows, keep_hidden=(2,))
+    assert torch.allclose(got.logits, want.logits, atol=1e-10, rtol=0)
+    assert torch.equal(got.hidden[2], states) and torch.allclose(want.hidden[2], states, atol=1e-10)
     assert torch.allclose(split.cache.k[:, :, : split.length], full.cache.k[:, :, : full.length], atol=1e-10)
     with pytest.raises(ValueError, match="not the ones"):
         split.extend([1], shallow=states[:1])
@@ -245,3 +247,38 @@ def test_bench_counts_the_drafting_cost(target, trained, kind, tmp_path):
     assert method.costs and method.costs[0] > 0
     assert first.draft_cost_units > 0 and second.draft_cost_units > 0
     assert second.token_ids == plain(target, 12)
+
+
+class Spy(PromptLookupDrafter):
+    """Prompt lookup that declares it reads the target's features and layer 1, and keeps what the
+    decoder hands it (it must be exactly the committed rows, in order)."""
+
+    target_layers = (FEATURES, 1)
+
+    def __init__(self) -> None:
+        super().__init__(max_ngram=2)
+        self.seen: dict[int, list[torch.Tensor]] = {FEATURES: [], 1: []}
+
+    def observe(self, states):
+        for layer, rows in states.items():
+            self.seen[layer].extend(rows)
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_the_decoder_hands_over_exactly_the_committed_rows(target, tree):
+    """The target's states reach the drafter only as the argument of `observe`: after a generation
+    the drafter has seen, for every committed token but the last, the rows a fresh forward over the
+    whole sequence gives (chains: a prefix of each forward's rows; trees: the root and accepted path)."""
+    spy = Spy()
+    owner = NativeCachedModel(target.model)
+    if tree:
+        decoder = TreeDecoder(owner, spy, TreeShape(tree, width=2))
+    else:
+        decoder = SpeculativeDecoder(owner, spy, make_verifier(None, GREEDY), lambda: make_draft_policy(DraftConfig(4)))
+    out = run(decoder, 40)
+    assert out.stats.num_accepted_draft_tokens > 0  # speculation happened, so rows were picked from wider forwards
+    sequence = PROMPT + out.token_ids
+    whole = NativeCachedModel(target.model).forward(sequence[:-1], keep_hidden=(1,), features=True)
+    assert len(spy.seen[FEATURES]) == len(sequence) - 1 == len(spy.seen[1])
+    assert torch.allclose(torch.stack(spy.seen[FEATURES]), whole.features, atol=1e-10)
+    assert torch.allclose(torch.stack(spy.seen[1]), whole.hidden[1], atol=1e-10)

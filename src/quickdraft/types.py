@@ -30,6 +30,27 @@ class Proposal:
 
 
 @dataclass
+class TargetOutput:
+    """What one target forward returns: its logits and the states a target-reading drafter declared
+    it reads (`Drafter.target_layers`), for every row of the forward.
+
+    Attributes:
+        logits: (n, V) logits of the forward's rows ((1, V) when only the last row was asked for).
+        hidden: {layer l: (n, H) the states entering layer l} for the layers asked for.
+        features: (n, H) the final-normed states the LM head reads, or None when not asked for.
+    """
+
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    features: torch.Tensor | None = None
+
+    def rows(self, layers: tuple[int, ...], pick: slice | torch.Tensor) -> dict[int, torch.Tensor]:
+        """{layer: the picked rows (m, H)} of `layers` (-1 = the features): the committed rows a
+        drafter observes (a prefix of a chain's rows, or a tree's root and accepted path)."""
+        return {layer: (self.features if layer == -1 else self.hidden[layer])[pick] for layer in layers}
+
+
+@dataclass
 class Verdict:
     """A verifier's decision for a batch of proposals.
 

@@ -1,7 +1,13 @@
-"""Shared pieces of every decode loop: seeded generators and the first (prefill) step.
+"""Shared pieces of every decode loop: seeded generators, the first (prefill) step and the handoff
+of the target's states to a drafter that reads them.
 
 Plain and speculative decoding share `prefill_step`, so the first generated token comes from the
 same computation in both (mlx-lm PR #1109 fixed a divergence caused by two prefill paths).
+
+The target's states travel explicitly (vLLM passes `target_hidden_states` to its proposer the same
+way): a target forward returns one record (`types.TargetOutput`) holding the states the drafter
+declared it reads (`Drafter.target_layers`), and the decoder passes the committed rows to the drafter
+as an argument (`Drafter.observe`). The cache owner keeps only its cache.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.config import SamplingConfig
+from quickdraft.drafters.base import FEATURES, Drafter, bind_target
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import greedy, logits_to_probs, sample
-from quickdraft.types import Round
+from quickdraft.types import Round, TargetOutput
 
 
 @dataclass
@@ -45,20 +52,58 @@ def pick_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.
     return int(sample(logits_to_probs(logits, sampling), generator))
 
 
+@dataclass
+class StateHandoff:
+    """The target's states a drafter reads, asked of each target forward and handed over explicitly.
+
+    Attributes:
+        drafter: the drafter (None, or one reading nothing: every call is a plain extend).
+        layers: the drafter's `target_layers` (layer l = the state entering layer l, FEATURES = the
+            final-normed rows the LM head reads); empty when it reads nothing.
+    """
+
+    drafter: Drafter | None = None
+    layers: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, drafter: Drafter | None, target) -> StateHandoff:
+        """The handoff for `drafter` over `target` (a drafter that runs the target's own first layers,
+        Kangaroo, is bound to it here; the target must keep states: the native runtime)."""
+        bind_target(drafter, target)
+        return cls(drafter, tuple(drafter.target_layers) if drafter is not None else ())
+
+    def forward(self, target, tokens: Sequence[int], **extend_options) -> TargetOutput:
+        """One target forward over `tokens`, returning the states the drafter reads."""
+        if not self.layers:
+            return TargetOutput(target.extend(tokens, **extend_options))
+        keep = tuple(layer for layer in self.layers if layer != FEATURES)
+        return target.forward(tokens, keep_hidden=keep, features=FEATURES in self.layers, **extend_options)
+
+    def hand_over(self, out: TargetOutput, rows: int | Sequence[int]) -> None:
+        """Pass the drafter the committed rows of `out`: the first `rows`, or those indices (a
+        tree's root and accepted path)."""
+        if self.layers:
+            pick = slice(0, rows) if isinstance(rows, int) else torch.tensor(list(rows), dtype=torch.long)
+            self.drafter.observe(out.rows(self.layers, pick))
+
+
 def prefill_step(
     target: CachedModel,
     prompt_ids: Sequence[int],
     sampling: SamplingConfig,
     generator: torch.Generator,
-    keep_hidden: Sequence[int] = (),
+    handoff: StateHandoff | None = None,
 ) -> Round:
-    """Run the prompt through the target and pick the first new token (`keep_hidden`: the target
-    layers whose states a target-reading drafter observes; native runtime only).
+    """Run the prompt through the target and pick the first new token; a target-reading drafter
+    (`handoff`) gets the prompt's rows.
 
     Afterwards the target cache holds the prompt and the new token is in no cache (the invariant
     of every loop: the cache holds the committed sequence minus its last token).
     """
     start = time.perf_counter()
-    logits = (target.prefill(prompt_ids, keep_hidden=keep_hidden) if keep_hidden else target.prefill(prompt_ids))[-1]
-    token = pick_token(logits, sampling, generator)
+    handoff = handoff or StateHandoff()
+    target.reset()
+    out = handoff.forward(target, prompt_ids, last_only=True)
+    handoff.hand_over(out, len(prompt_ids))
+    token = pick_token(out.logits[-1], sampling, generator)
     return Round(tokens=[token], verify_s=time.perf_counter() - start)

@@ -12,8 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from quickdraft.config import SamplingConfig
-from quickdraft.decoding.common import Generators, prefill_step
-from quickdraft.drafters.base import bind_target, observe_target
+from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import logits_to_probs
@@ -43,20 +42,18 @@ class TreeDecoder:
             raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
         self.target, self.drafter, self.shape = target, drafter, shape
         self.events = dict(events or {})
-        self.keep_hidden = bind_target(drafter, target)  # a feature head reads the target's states
+        self.handoff = StateHandoff.of(drafter, target)  # a feature head reads the target's states
         self.verifier = TreeRule()
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         self.drafter.begin(prompt_ids)
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.keep_hidden)
+        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.handoff)
         first.events = dict(self.events)
-        observe_target(self.drafter, self.target, len(prompt_ids))
         yield first
         context = list(prompt_ids) + first.tokens
         produced = 1
-        keep = {"keep_hidden": self.keep_hidden} if self.keep_hidden else {}
         while True:
             start = time.perf_counter()
             budget = min(self.shape.budget, max_new_tokens - produced - 1)
@@ -69,15 +66,18 @@ class TreeDecoder:
             base = self.target.length
             if tokens:
                 positions = [base] + [base + d for d in tree.depths]
-                logits = self.target.extend([context[-1], *tokens], positions=positions, tree_mask=tree.mask(), **keep)
+                out = self.handoff.forward(
+                    self.target, [context[-1], *tokens], positions=positions, tree_mask=tree.mask()
+                )
             else:
-                logits = self.target.extend([context[-1]], **keep)
+                out = self.handoff.forward(self.target, [context[-1]])
+            logits = out.logits
             if sampling.greedy:
                 path, next_token = verify_tree_greedy(tree, logits) if tokens else ([], int(logits[0].argmax()))
             else:
                 p = logits_to_probs(logits, sampling)  # (n+1, V)
                 path, next_token = verify_tree_sampling(tree or TokenTree(), p, generators.target)
-            observe_target(self.drafter, self.target, [0] + [1 + i for i in path])
+            self.handoff.hand_over(out, [0] + [1 + i for i in path])  # the committed rows
             if tokens:
                 self.target.compact([0] + [1 + i for i in path])
             new_tokens = [tokens[i] for i in path] + [next_token]

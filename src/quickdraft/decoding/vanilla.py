@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
-from quickdraft.decoding.common import Generators, prefill_step
-from quickdraft.drafters.base import Drafter, bind_target, empty_proposal, observe_target
+from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
+from quickdraft.drafters.base import Drafter, empty_proposal
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
@@ -44,7 +44,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.verifier, self.make_policy = target, drafter, verifier, make_policy
         self.events = dict(events or {})  # reported once with the first token (a tree that fell back)
         self.lossy = verifier.lossy
-        self.keep_hidden = bind_target(drafter, target)
+        self.handoff = StateHandoff.of(drafter, target)
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
@@ -52,9 +52,8 @@ class SpeculativeDecoder:
         """Yield one Round per target forward until the consumer stops."""
         policy = self.make_policy()
         self.drafter.begin(prompt_ids)
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.keep_hidden)
+        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.handoff)
         first.events = dict(self.events)
-        observe_target(self.drafter, self.target, len(prompt_ids))
         yield first
         context = list(prompt_ids) + first.tokens
         produced = 1
@@ -71,8 +70,8 @@ class SpeculativeDecoder:
             mid = time.perf_counter()
             # Step 2: one target forward over [last committed token, d_1..d_k] -> k+1 rows of p.
             reuse = {} if proposal.shallow is None else {"shallow": proposal.shallow}
-            extra = {"keep_hidden": self.keep_hidden, **reuse} if self.keep_hidden or reuse else {}
-            logits = self.target.extend([context[-1], *drafted], **extra)  # (k+1, V)
+            out = self.handoff.forward(self.target, [context[-1], *drafted], **reuse)
+            logits = out.logits  # (k+1, V)
             raw = self.verifier.reads_logits  # Spec-Verification reads logit gaps
             p = (logits if raw else logits_to_probs(logits, sampling)).unsqueeze(0)  # (1, k+1, V)
             q = None if proposal.q_probs is None else proposal.q_probs.unsqueeze(0)
@@ -81,7 +80,7 @@ class SpeculativeDecoder:
             # Step 3: commit accepted drafts + next token; the target cache keeps all but the new token.
             new_tokens = drafted[:n] + [next_token]
             self.target.rollback(len(context) + n)
-            observe_target(self.drafter, self.target, n + 1)
+            self.handoff.hand_over(out, n + 1)  # the committed rows, passed to the drafter
             context += new_tokens
             produced += len(new_tokens)
             policy.update(len(drafted), n)

@@ -89,9 +89,11 @@ class Drafter:
 
 # A drafter that reuses the target declares which of the target's states it reads
 # (`target_layers`: a layer index l = the state entering layer l, or FEATURES = the final-normed
-# state the LM head reads) and implements `bind(target)` and `observe(states)`. Decoders bind it to
-# the target's cache owner once and, after every target forward, pass it the rows of the tokens that
-# forward committed: {layer: (m, H)}, m = accepted drafts + 1 (the whole prompt after prefill).
+# state the LM head reads). Every target forward returns those states (`types.TargetOutput`), and the
+# decoder passes the drafter the rows of the tokens that forward committed, as an argument
+# (`observe({layer: (m, H)})`, m = accepted drafts + 1, the whole prompt after prefill:
+# `decoding/common.StateHandoff`). Only Kangaroo, whose draft is the target's own first layers over
+# the target's own cache, is also bound to the target's cache owner (`bind`).
 FEATURES = -1
 
 
@@ -100,27 +102,14 @@ def reads_target(drafter: Drafter | None) -> bool:
     return drafter is not None and bool(drafter.target_layers)
 
 
-def bind_target(drafter: Drafter | None, target) -> tuple[int, ...]:
-    """Give a target-reading drafter the target's cache owner; returns the layers to keep (the
-    `keep_hidden` of the target's forwards), empty for every other drafter."""
+def bind_target(drafter: Drafter | None, target) -> None:
+    """Check that a target-reading drafter's target keeps states (the native runtime) and bind it
+    (only a drafter running the target's own first layers, Kangaroo, keeps what it is given)."""
     if not reads_target(drafter):
-        return ()
+        return
     if not target.reads_states:
         raise QuickdraftError(f"the {drafter.name} drafter reads the target's hidden states: use --runtime native")
     drafter.bind(target)
-    return tuple(layer for layer in drafter.target_layers if layer != FEATURES)
-
-
-def observe_target(drafter: Drafter | None, target, rows: int | Sequence[int]) -> None:
-    """Pass rows of the target's last forward (the first `rows`, or those indices: a tree's root and
-    accepted path) to a target-reading drafter."""
-    if not reads_target(drafter):
-        return
-    pick = slice(0, rows) if isinstance(rows, int) else torch.tensor(list(rows), dtype=torch.long)
-    states = {layer: target.hidden[layer][pick] for layer in drafter.target_layers if layer != FEATURES}
-    if FEATURES in drafter.target_layers:
-        states[FEATURES] = target.features[pick]
-    drafter.observe(states)
 
 
 class ComposedReads(Drafter):

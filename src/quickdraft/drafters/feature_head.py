@@ -37,9 +37,6 @@ class FeatureRows(Drafter):
         self.draft_steps = 0  # head forwards since `begin` (the bench's cost model)
         self.kv = block_cache(head.cfg, lm.embed.dtype, lm.embed.device)
 
-    def bind(self, target) -> None:
-        """Nothing to hold: features arrive through `observe`."""
-
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.feats, self.draft_steps = [], 0
         self.kv.rollback(0)

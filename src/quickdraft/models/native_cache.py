@@ -9,7 +9,9 @@ of a tree); rollback only sets a length (no copy, no reallocation).
 Self-drafting that shares this cache (Kangaroo) runs the first l layers on draft tokens with
 `extend_shallow` (their layer-[0, l) keys land in this cache, ahead of the committed length), then
 verification passes those states back to `extend(..., shallow=...)`, which runs only layers [l, L).
-Every extend keeps its rows' final-normed states in `features` (what the LM head reads).
+`forward` returns one record (`types.TargetOutput`: logits, the hidden states asked for and the
+final-normed features the LM head reads); `extend` is its logits. The owner keeps only the cache and
+the ids it holds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from quickdraft.models.cached_model import TokenCacheVerbs, check_head_ids, scatter_head
 from quickdraft.models.linear import Linear
 from quickdraft.models.native import NativeLlama
+from quickdraft.types import TargetOutput
 
 
 class NativeCachedModel(TokenCacheVerbs):
@@ -49,8 +52,6 @@ class NativeCachedModel(TokenCacheVerbs):
         self.cache = self.net.new_cache()
         self.tokens: list[int] = []
         self.num_forwards = 0
-        self.hidden: dict[int, torch.Tensor] = {}  # states kept by the last extend
-        self.features = torch.empty(0)  # (n, H) final-normed states of the last extend's rows
         self._shallow: list[int] = []  # tokens run through layers [0, l) beyond the committed length
         self._shallow_stop = 0
         self._block_start = 0  # where the last extend's rows begin (for compact)
@@ -79,7 +80,6 @@ class NativeCachedModel(TokenCacheVerbs):
 
     def reset(self) -> None:
         self.tokens = []
-        self.hidden = {}
         self._shallow = []
         self.cache.length = 0
 
@@ -88,8 +88,20 @@ class NativeCachedModel(TokenCacheVerbs):
         sub = self.head_linear(hidden)
         return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
 
-    @torch.inference_mode()
     def extend(
+        self,
+        tokens: Sequence[int],
+        last_only: bool = False,
+        positions: Sequence[int] | None = None,
+        tree_mask: torch.Tensor | None = None,
+        shallow: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Append tokens to the cache and return their logits ((n, V), or (1, V) with last_only):
+        `forward`'s logits."""
+        return self.forward(tokens, last_only, positions, tree_mask, shallow=shallow).logits
+
+    @torch.inference_mode()
+    def forward(
         self,
         tokens: Sequence[int],
         last_only: bool = False,
@@ -97,20 +109,22 @@ class NativeCachedModel(TokenCacheVerbs):
         tree_mask: torch.Tensor | None = None,
         keep_hidden: Sequence[int] = (),
         shallow: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Append tokens to the cache and return their logits.
+        features: bool = False,
+    ) -> TargetOutput:
+        """Append tokens to the cache and return their logits and the states asked for.
 
         Args:
             tokens: n >= 1 new token ids following the cached ones.
             last_only: the LM head on the last row only.
             positions: (n,) RoPE positions (default: consecutive after the cache).
             tree_mask: (n, n) bool, which new rows each new row attends to (default causal).
-            keep_hidden: layers whose entering states to keep in `self.hidden` ((n, H) each).
+            keep_hidden: layers whose entering states to return ((n, H) each).
             shallow: (n, H) the states after layers [0, l) of exactly these tokens, computed by
                 `extend_shallow` (their shallow keys are cached): only layers [l, L) run.
+            features: return the rows' final-normed states (n, H) too.
 
         Returns:
-            (n, V) logits, or (1, V) with last_only, in the model's dtype.
+            TargetOutput: (n, V) logits, or (1, V) with last_only, in the model's dtype.
         """
         n, at = len(tokens), self.length
         self.cache.ensure(at + n)
@@ -126,12 +140,12 @@ class NativeCachedModel(TokenCacheVerbs):
         else:
             ids = torch.tensor(list(tokens), dtype=torch.long, device=self.net.device)
             x, kept = self.net.forward(self.cache, at, ids, positions=pos, tree_mask=tree_mask, keep_hidden=keep_hidden)
-        self.hidden, self.features, self._shallow = kept, x, []
+        self._shallow = []
         self._block_start = at
         self.num_forwards += 1
         self.tokens.extend(int(t) for t in tokens)
         self.cache.length = self.length
-        return self.logits(x[-1:] if last_only else x)
+        return TargetOutput(self.logits(x[-1:] if last_only else x), kept, x if features else None)
 
     @torch.inference_mode()
     def extend_shallow(self, tokens: Sequence[int], stop: int) -> torch.Tensor:
