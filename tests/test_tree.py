@@ -10,7 +10,7 @@ from test_distribution import _pair_pvalues
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
-from quickdraft.decoding import tree as tree_decoding
+from quickdraft.decoding import vanilla as tree_decoding  # the one round loop verifies trees there
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape, _draw_children, lookup_tree
@@ -252,3 +252,26 @@ def test_trees_need_the_native_runtime(target):
         Engine(target, options_from({"drafter": "ngram", "draft_tree": 4, "runtime": "hf"})).generate_ids(
             [1, 2, 3], SamplingConfig(), StopConfig(4)
         )
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_chain_is_a_one_wide_tree(deterministic):
+    """The tree rules on a path are chain speculative sampling: the same accepted count and next
+    token from the same random stream, for sampled and deterministic drafts; the path keeps the
+    chain's q rows exactly (the one loop verifies chains with the chain verifier on them)."""
+    from quickdraft.verifiers import speculative_verify
+
+    V, k = 7, 4
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        p = torch.softmax(torch.randn(k + 1, V, generator=gen) * 2, -1).double()
+        q = torch.softmax(torch.randn(k, V, generator=gen) * 2, -1).double()
+        tokens = [int(sample(q[i], gen)) for i in range(k)]
+        path = TokenTree.path(tokens, None if deterministic else q)
+        assert path.parents == [-1, 0, 1, 2] and path.tensor().tolist() == tokens
+        assert (path.path_q() is None) if deterministic else torch.equal(path.path_q(), q)
+        chain = speculative_verify(
+            path.tensor()[None], None if deterministic else q[None], p[None], torch.Generator().manual_seed(seed)
+        )
+        nodes, token = verify_tree_sampling(path, p, torch.Generator().manual_seed(seed))
+        assert nodes == list(range(int(chain.num_accepted[0]))) and token == int(chain.next_tokens[0]), seed

@@ -1,4 +1,21 @@
-"""Vanilla speculative decoding: draft -> verify -> commit -> roll back, one round at a time."""
+"""Speculative decoding, chains and trees in one round loop: draft -> one target forward -> verify ->
+commit, one round at a time (method "sd").
+
+A chain is a tree one node wide: every round's draft is a `TokenTree` (a chain drafter's proposal
+becomes a path), the target scores it in one forward, and the accepted path is kept. What differs is
+only how a round is asked for and checked:
+- a chain (`shape` None) is drafted by `propose` with the draft-length policy, scored by a plain
+  causal extend (every runtime), verified by the configured verifier (lossless or lossy) and
+  committed by rolling the target's cache back to the accepted length;
+- a tree (`shape`: its node budget) is drafted by `propose_tree`, scored with depth positions and the
+  tree's attention mask (native runtime), verified by the lossless tree rules and committed by
+  compacting the cache to the root and the accepted path.
+
+Cache ownership: the target's cache owner is driven here; the drafter owns and syncs its own state.
+A drafter that reads the target's states gets the committed rows as an argument after every forward
+(`decoding/common.StateHandoff`); a proposal carrying shallow states (Kangaroo) is verified by the
+remaining layers only.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +25,26 @@ from collections.abc import Callable, Iterator, Sequence
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
 from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
-from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.tree import TreeShape
+from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
-from quickdraft.types import Round
+from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier
+from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
 
 
 class SpeculativeDecoder:
-    """Draft with any Drafter, verify with any Verifier (method name "sd").
-
-    Cache ownership: the target's CachedModel is driven here (extend k+1 rows, roll back to the
-    committed length minus one); the drafter owns and syncs its own state. A drafter that reuses
-    the target (drafters/base.py: feature head, Kangaroo) is bound to the target's cache owner and
-    observes the states of every committed row; a proposal carrying shallow states (Kangaroo) is
-    verified by the remaining layers only.
+    """Draft with any Drafter, verify with any Verifier, chains or trees (method name "sd").
 
     Args:
-        target: the target model and its cache.
-        drafter: proposes tokens.
-        verifier: accepts/rejects them (lossless unless verifier.lossy).
-        make_policy: builds a fresh draft-length policy for each generation.
+        target: the target model and its cache (trees: the native runtime).
+        drafter: proposes chains (`propose`) or, with `shape`, trees (`propose_tree`).
+        verifier: accepts/rejects a chain (lossless unless verifier.lossy); trees use the tree rules.
+        make_policy: builds a fresh draft-length policy for each generation (chains).
+        events: reported once with the first token (a tree that fell back, an auto-sized budget).
+        shape: a tree's budget and shape; None drafts chains.
     """
 
     name = "sd"
@@ -38,11 +54,17 @@ class SpeculativeDecoder:
         target: CachedModel,
         drafter: Drafter,
         verifier: Verifier,
-        make_policy: Callable[[], DraftPolicy],
+        make_policy: Callable[[], DraftPolicy] | None,
         events: dict[str, int] | None = None,
+        shape: TreeShape | None = None,
     ) -> None:
+        if shape is not None and not target.supports_trees:
+            raise QuickdraftError("token trees need the native runtime for the target (--runtime auto|native)")
+        if shape is not None and not drafter.drafts_trees:
+            raise QuickdraftError(f"drafter {drafter.name!r} cannot draft trees")
         self.target, self.drafter, self.verifier, self.make_policy = target, drafter, verifier, make_policy
-        self.events = dict(events or {})  # reported once with the first token (a tree that fell back)
+        self.shape = shape
+        self.events = dict(events or {})
         self.lossy = verifier.lossy
         self.handoff = StateHandoff.of(drafter, target)
 
@@ -50,7 +72,7 @@ class SpeculativeDecoder:
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         """Yield one Round per target forward until the consumer stops."""
-        policy = self.make_policy()
+        policy = self.make_policy() if self.shape is None else None
         self.drafter.begin(prompt_ids)
         first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.handoff)
         first.events = dict(self.events)
@@ -58,30 +80,77 @@ class SpeculativeDecoder:
         context = list(prompt_ids) + first.tokens
         produced = 1
         while True:
-            # Step 1: draft, leaving room for the correction/bonus token within the budget.
-            k = min(policy.num_draft_tokens(), max_new_tokens - produced - 1)
+            room = max_new_tokens - produced - 1  # leave room for the correction/bonus token
             start = time.perf_counter()
-            proposal = (
-                self.drafter.propose(context, k, sampling, generators.draft, policy.keep_drafting)
-                if k > 0
-                else empty_proposal()
-            )
-            drafted = proposal.tokens.tolist()
+            draft = self._draft(context, room, policy, sampling, generators)
             mid = time.perf_counter()
-            # Step 2: one target forward over [last committed token, d_1..d_k] -> k+1 rows of p.
-            reuse = {} if proposal.shallow is None else {"shallow": proposal.shallow}
-            out = self.handoff.forward(self.target, [context[-1], *drafted], **reuse)
-            logits = out.logits  # (k+1, V)
-            raw = self.verifier.reads_logits  # Spec-Verification reads logit gaps
-            p = (logits if raw else logits_to_probs(logits, sampling)).unsqueeze(0)  # (1, k+1, V)
-            q = None if proposal.q_probs is None else proposal.q_probs.unsqueeze(0)
-            verdict = self.verifier(proposal.tokens.unsqueeze(0), q, p, generators.target)
-            n, next_token = int(verdict.num_accepted[0]), int(verdict.next_tokens[0])
-            # Step 3: commit accepted drafts + next token; the target cache keeps all but the new token.
-            new_tokens = drafted[:n] + [next_token]
-            self.target.rollback(len(context) + n)
-            self.handoff.hand_over(out, n + 1)  # the committed rows, passed to the drafter
+            out = self._forward(context[-1], draft)  # one target forward over [last committed, draft]
+            path, next_token = self._verify(draft, out, sampling, generators)
+            self._commit(len(context), draft, path, out)
+            new_tokens = [draft.tokens[i] for i in path] + [next_token]
             context += new_tokens
             produced += len(new_tokens)
-            policy.update(len(drafted), n)
-            yield Round(new_tokens, len(drafted), n, draft_s=mid - start, verify_s=time.perf_counter() - mid)
+            if policy is not None:
+                policy.update(len(draft), len(path))
+            yield self._round(draft, path, new_tokens, mid - start, time.perf_counter() - mid)
+
+    def _draft(
+        self, context: list[int], room: int, policy: DraftPolicy | None, sampling: SamplingConfig, gens: Generators
+    ) -> TokenTree:
+        """The round's draft: a path of at most the policy's length, or a tree of at most the budget."""
+        if self.shape is None:
+            k = min(policy.num_draft_tokens(), room)
+            if k < 1:
+                return TokenTree()
+            proposal = self.drafter.propose(context, k, sampling, gens.draft, policy.keep_drafting)
+            return TokenTree.path(proposal.tokens.tolist(), proposal.q_probs, proposal.shallow)
+        budget = min(self.shape.budget, room)
+        if budget < 1:
+            return TokenTree()
+        shape = TreeShape(budget, self.shape.width, self.shape.widths)
+        return self.drafter.propose_tree(context, shape, sampling, gens.draft)
+
+    def _forward(self, last: int, draft: TokenTree) -> TargetOutput:
+        """The target over [last committed token, draft nodes]: causal for a chain (reusing its
+        shallow states when it carries them), depth positions and the tree mask for a tree."""
+        rows = [last, *draft.tokens]
+        if self.shape is None or not len(draft):
+            reuse = {} if draft.shallow is None else {"shallow": draft.shallow}
+            return self.handoff.forward(self.target, rows, **reuse)
+        base = self.target.length
+        positions = [base] + [base + d for d in draft.depths]
+        return self.handoff.forward(self.target, rows, positions=positions, tree_mask=draft.mask())
+
+    def _verify(
+        self, draft: TokenTree, out: TargetOutput, sampling: SamplingConfig, gens: Generators
+    ) -> tuple[list[int], int]:
+        """(accepted node path, next token): the verifier on a chain, the tree rules on a tree."""
+        logits = out.logits  # (n + 1, V)
+        if self.shape is None:
+            raw = self.verifier.reads_logits  # Spec-Verification reads logit gaps
+            p = (logits if raw else logits_to_probs(logits, sampling)).unsqueeze(0)  # (1, k+1, V)
+            q = draft.path_q()
+            tokens = draft.tensor().unsqueeze(0)
+            verdict = self.verifier(tokens, None if q is None else q.unsqueeze(0), p, gens.target)
+            return list(range(int(verdict.num_accepted[0]))), int(verdict.next_tokens[0])
+        if sampling.greedy:
+            return verify_tree_greedy(draft, logits) if len(draft) else ([], int(logits[0].argmax()))
+        return verify_tree_sampling(draft, logits_to_probs(logits, sampling), gens.target)
+
+    def _commit(self, committed: int, draft: TokenTree, path: list[int], out: TargetOutput) -> None:
+        """Keep the root and the accepted nodes in the target's cache (the next token is in no
+        cache) and hand the drafter their rows."""
+        if self.shape is None:
+            self.target.rollback(committed + len(path))
+            self.handoff.hand_over(out, len(path) + 1)
+            return
+        self.handoff.hand_over(out, [0] + [1 + i for i in path])
+        if len(draft):
+            self.target.compact([0] + [1 + i for i in path])
+
+    def _round(self, draft: TokenTree, path: list[int], new_tokens: list[int], draft_s: float, verify_s: float):
+        if self.shape is None:
+            return Round(new_tokens, len(draft), len(path), draft_s=draft_s, verify_s=verify_s)
+        events = {"tree_rounds": 1, "tree_nodes": len(draft), f"accepted_depth_{len(path)}": 1} if len(draft) else {}
+        depth = max(draft.depths) if len(draft) else 0
+        return Round(new_tokens, len(draft), len(path), draft_s, verify_s, events, draft_depth=depth)

@@ -1,4 +1,4 @@
-"""The Drafter protocol.
+"""The Drafter base class: the protocol every drafter follows and the capabilities it declares.
 
 A drafter proposes up to k tokens continuing the committed sequence. It owns whatever state it
 needs (a model drafter owns its CachedModel) and reconciles that state with the committed sequence

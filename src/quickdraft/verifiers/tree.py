@@ -37,12 +37,36 @@ class TokenTree:
         q_rows: {parent index (-1 = root): (V,) the draft's processed distribution there} for the
             parents whose children were sampled from it; absent = deterministic children.
         scores: optional per-node draft probability of the node's whole path (for merging trees).
+        shallow: (n+1, H) states after the target's first l layers of [root, nodes] of a path,
+            computed while drafting (Kangaroo): verification then runs only layers [l, L).
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     q_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: list[float] = field(default_factory=list)
+    shallow: torch.Tensor | None = None
+
+    @classmethod
+    def path(
+        cls, tokens: list[int], q_probs: torch.Tensor | None = None, shallow: torch.Tensor | None = None
+    ) -> TokenTree:
+        """A chain as a one-wide tree: node i's parent is node i - 1; q_probs (k, V) are the rows the
+        chain's tokens were sampled from (None: deterministic)."""
+        tree = cls(list(tokens), list(range(-1, len(tokens) - 1)), shallow=shallow)
+        if q_probs is not None:
+            tree.q_rows = {i - 1: q_probs[i] for i in range(len(tokens))}
+        return tree
+
+    def path_q(self) -> torch.Tensor | None:
+        """(k, V) the q rows along a path (a chain's q_probs), or None when its tokens are deterministic."""
+        if not self.q_rows:
+            return None
+        return torch.stack([self.q_rows[i - 1] for i in range(len(self.tokens))])
+
+    def tensor(self) -> torch.Tensor:
+        """(n,) int64 the node tokens."""
+        return torch.tensor(self.tokens, dtype=torch.long)
 
     def __len__(self) -> int:
         return len(self.tokens)
