@@ -282,3 +282,21 @@ def test_the_decoder_hands_over_exactly_the_committed_rows(target, tree):
     assert len(spy.seen[FEATURES]) == len(sequence) - 1 == len(spy.seen[1])
     assert torch.allclose(torch.stack(spy.seen[FEATURES]), whole.features, atol=1e-10)
     assert torch.allclose(torch.stack(spy.seen[1]), whole.hidden[1], atol=1e-10)
+
+
+def test_no_drafter_holds_the_targets_cache_owner(target, trained):
+    """Kangaroo drafts with the target's own first layers over the target's cache, through a handle
+    on exactly those layers (ShallowPass), never the cache owner itself."""
+    from quickdraft.models.native_cache import ShallowPass
+
+    for kind in ("head", "kangaroo", "specdec"):
+        drafter = make_drafter(kind, trained)
+        decoder = sd(target, drafter)
+        out = run(decoder, 24)
+        assert out.token_ids == plain(target, 24) and out.stats.num_draft_tokens > 0
+        held = [v for v in vars(drafter).values() if isinstance(v, NativeCachedModel)]
+        assert not held, kind
+        if kind == "kangaroo":
+            assert isinstance(drafter.shallow, ShallowPass) and drafter.shallow.stop == drafter.exit_layer
+    with pytest.raises(ValueError, match="exit layer"):
+        NativeCachedModel(target.model).shallow_pass(3)  # the last layer is no early exit

@@ -35,6 +35,8 @@ class Drafter:
         parts: the drafters it is built from (a chain's stages, a cascade's levels, a mixed tree's
             sources), for the cost model and the target-state wiring.
         draft_steps: its forwards since `begin` (the bench's cost model).
+        runs_target_layers: l > 0 when its draft runs the target's own first l layers over the
+            target's cache (Kangaroo): it is then given a handle on them (`bind`).
     """
 
     name: str = "drafter"
@@ -44,6 +46,7 @@ class Drafter:
     tree_gain: dict[int, float] | None = None
     parts: Sequence[Drafter] = ()
     draft_steps: int = 0
+    runs_target_layers: int = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence (drop state tied to an earlier one)."""
@@ -72,8 +75,9 @@ class Drafter:
         Used to size PEARL's window; may reset the drafter's state (call between generations)."""
         return None
 
-    def bind(self, target) -> None:
-        """Receive the target's cache owner (drafters whose `target_layers` need it: Kangaroo)."""
+    def bind(self, shallow) -> None:
+        """Receive the handle on the target's first `runs_target_layers` layers over its cache
+        (`models.native_cache.ShallowPass`; drafters with `runs_target_layers` only)."""
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         """Receive the target's rows of the tokens its last forward committed (`target_layers`)."""
@@ -92,8 +96,8 @@ class Drafter:
 # state the LM head reads). Every target forward returns those states (`types.TargetOutput`), and the
 # decoder passes the drafter the rows of the tokens that forward committed, as an argument
 # (`observe({layer: (m, H)})`, m = accepted drafts + 1, the whole prompt after prefill:
-# `decoding/common.StateHandoff`). Only Kangaroo, whose draft is the target's own first layers over
-# the target's own cache, is also bound to the target's cache owner (`bind`).
+# `decoding/common.StateHandoff`). Kangaroo, whose draft is the target's own first layers over the
+# target's own cache, is also given a handle on those layers (`bind`), never the cache owner.
 FEATURES = -1
 
 
@@ -103,13 +107,14 @@ def reads_target(drafter: Drafter | None) -> bool:
 
 
 def bind_target(drafter: Drafter | None, target) -> None:
-    """Check that a target-reading drafter's target keeps states (the native runtime) and bind it
-    (only a drafter running the target's own first layers, Kangaroo, keeps what it is given)."""
+    """Check that a target-reading drafter's target keeps states (the native runtime); a drafter that
+    runs the target's own first layers (Kangaroo) gets a handle on them, never the cache owner."""
     if not reads_target(drafter):
         return
     if not target.reads_states:
         raise QuickdraftError(f"the {drafter.name} drafter reads the target's hidden states: use --runtime native")
-    drafter.bind(target)
+    if drafter.runs_target_layers:
+        drafter.bind(target.shallow_pass(drafter.runs_target_layers))
 
 
 class ComposedReads(Drafter):
@@ -120,10 +125,14 @@ class ComposedReads(Drafter):
     def target_layers(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys(layer for d in self.parts for layer in d.target_layers))
 
-    def bind(self, target) -> None:
+    @property
+    def runs_target_layers(self) -> int:
+        return next((d.runs_target_layers for d in self.parts if d.runs_target_layers), 0)
+
+    def bind(self, shallow) -> None:
         for part in self.parts:
-            if reads_target(part):
-                part.bind(target)
+            if part.runs_target_layers == shallow.stop:
+                part.bind(shallow)
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         for part in self.parts:

@@ -2,8 +2,8 @@
 
 The draft is the target's own first l layers (shared weights, shared KV cache) plus a trained
 adapter (one attention block with its own norms) and the target's LM head (optionally restricted
-to K ids). Drafting runs the shallow layers on each new token through the target's cache owner
-(`extend_shallow`) and stops after the first draft token whose top-1 probability is below eta (the
+to K ids). Drafting runs the shallow layers on each new token through a handle on them over the
+target's own cache (`ShallowPass`, given by `bind`; never the target's cache owner) and stops after the first draft token whose top-1 probability is below eta (the
 second early exit) or at the length cap. The proposal carries the shallow states of [last committed
 token, d_1..d_k], so verification runs only layers [l, L) (`extend(..., shallow=...)`).
 
@@ -39,14 +39,15 @@ class KangarooDrafter(Drafter):
         self.adapter, self.lm, self.eta, self.name = adapter, lm, eta, name
         self.exit_layer = adapter.cfg.exit_layer
         self.target_layers = (self.exit_layer,)
-        self.target = None
+        self.runs_target_layers = self.exit_layer
+        self.shallow = None  # the handle on the target's layers [0, l) (`bind`)
         self.states: list[torch.Tensor] = []
         self.draft_steps = 0  # shallow passes + adapter steps since `begin` (the bench's cost model)
         self.kv = block_cache(adapter.cfg, lm.embed.dtype, lm.embed.device)
 
-    def bind(self, target) -> None:
-        """The target's cache owner: the shallow layers run through it, on its cache."""
-        self.target = target
+    def bind(self, shallow) -> None:
+        """The handle on the target's first l layers (`ShallowPass`): they run on the target's cache."""
+        self.shallow = shallow
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.states, self.draft_steps = [], 0
@@ -59,19 +60,19 @@ class KangarooDrafter(Drafter):
         """Measured seconds of one draft step (the target's first l layers on one token, the adapter
         and the LM head) on a short context; None before `bind`. Resets the target's cache: call
         between generations."""
-        if self.target is None:
+        if self.shallow is None:
             return None
         import time
 
         kv, self.kv = self.kv, block_cache(self.adapter.cfg, self.lm.embed.dtype, self.lm.embed.device)
-        self.target.prefill([0] * 16)
+        self.shallow.prefill([0] * 16)
         with torch.inference_mode():
-            self._adapt(self.target.extend_shallow([1], self.exit_layer))
+            self._adapt(self.shallow([1]))
             start = time.perf_counter()
             for _ in range(5):
-                self._adapt(self.target.extend_shallow([1], self.exit_layer))
+                self._adapt(self.shallow([1]))
             seconds = (time.perf_counter() - start) / 5
-        self.target.reset()
+        self.shallow.reset()
         self.kv = kv
         return seconds
 
@@ -93,23 +94,23 @@ class KangarooDrafter(Drafter):
         keep_drafting: KeepDrafting | None = None,
     ) -> Proposal:
         committed = len(context) - 1
-        if self.target is None or len(self.states) != committed:
+        if self.shallow is None or len(self.states) != committed:
             raise RuntimeError(
                 f"{self.name} drafter: not bound to the target, or {len(self.states)} exit-layer states for "
                 f"{committed} cached tokens (a decoder must bind it and pass every forward's rows to observe)"
             )
-        num_draft_tokens = min(num_draft_tokens, self.target.max_length - len(context) - 1)
+        num_draft_tokens = min(num_draft_tokens, self.shallow.max_length - len(context) - 1)
         if num_draft_tokens < 1:
             return empty_proposal()
         if self.kv.length < committed:  # committed rows the adapter has not read yet
             self._adapt(torch.stack(self.states[self.kv.length : committed]), head=False)
-        shallow = [self.target.extend_shallow([context[-1]], self.exit_layer)]  # first early exit
+        shallow = [self.shallow([context[-1]])]  # first early exit
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         while True:
             logits = self._adapt(shallow[-1])[0]  # (V,)
             tokens.append(draft_token(logits, sampling, generator, q_rows))
-            shallow.append(self.target.extend_shallow(tokens[-1:], self.exit_layer))  # verification reuses it
+            shallow.append(self.shallow(tokens[-1:]))  # verification reuses it
             self.draft_steps += 1
             confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit
             if len(tokens) == num_draft_tokens or not confident:

@@ -26,6 +26,33 @@ from quickdraft.models.native import NativeLlama
 from quickdraft.types import TargetOutput
 
 
+class ShallowPass:
+    """A handle on the target's first `stop` layers over the target's own cache, the one thing a
+    self-drafting drafter (Kangaroo) is given of the target (not its cache owner): `__call__` runs
+    tokens that follow the committed ones (and earlier shallow tokens) through those layers, caching
+    their shallow keys, and returns (n, H) states that verification finishes
+    (`forward(..., shallow=...)`); `prefill` and `reset` serve measuring a draft step between
+    generations."""
+
+    def __init__(self, owner: NativeCachedModel, stop: int) -> None:
+        if not 0 < stop < owner.net.num_layers:
+            raise ValueError(f"shallow pass: exit layer {stop} outside [1, {owner.net.num_layers - 1}]")
+        self._owner, self.stop = owner, stop
+
+    def __call__(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self._owner.extend_shallow(tokens, self.stop)
+
+    @property
+    def max_length(self) -> int:
+        return self._owner.max_length
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._owner.prefill(tokens)
+
+    def reset(self) -> None:
+        self._owner.reset()
+
+
 class NativeCachedModel(TokenCacheVerbs):
     """One Llama-family model run natively, with its static cache.
 
@@ -146,6 +173,10 @@ class NativeCachedModel(TokenCacheVerbs):
         self.tokens.extend(int(t) for t in tokens)
         self.cache.length = self.length
         return TargetOutput(self.logits(x[-1:] if last_only else x), kept, x if features else None)
+
+    def shallow_pass(self, stop: int) -> ShallowPass:
+        """The handle a self-drafting drafter gets: layers [0, stop) over this cache."""
+        return ShallowPass(self, stop)
 
     @torch.inference_mode()
     def extend_shallow(self, tokens: Sequence[int], stop: int) -> torch.Tensor:
