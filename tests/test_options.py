@@ -6,7 +6,8 @@ from quickdraft.bench.methods import QuickdraftMethod, parse_methods
 from quickdraft.cli import _build_parser
 from quickdraft.drafters.spec import DrafterSpec, parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import OPTIONS, EngineConfig, given_options, options_from
+from quickdraft.flags import given_options
+from quickdraft.options import OPTIONS, EngineConfig, options_from
 from quickdraft.server import ServeConfig
 
 
@@ -129,7 +130,7 @@ def test_request_options_are_rows_of_the_one_table():
 
 
 def test_every_cli_takes_its_flags_from_the_table():
-    from quickdraft.options import REQUEST_OPTIONS, given_options, request_from
+    from quickdraft.options import REQUEST_OPTIONS, request_from
 
     parser = _build_parser()
     args = parser.parse_args(["generate", "x", "--temperature", "0.7", "--stop", "a", "--stop", "b", "--seed", "3"])

@@ -8,13 +8,12 @@ table of flat option names as every surface spells them: CLI flags (`--draft-len
 `--temperature`), serve YAML keys and flags, bench method keys (`sd:draft_length=3`), the server's
 request fields and `quickdraft.generate()` / `Engine.generate()` keywords. `options_from` and
 `request_from` are the one parser (strings are coerced by the option's type, unknown names refused
-with the known ones listed, values validated once by the dataclasses); `add_option_flags` makes the
-CLI flags from the same table. Adding an option: a field on a config dataclass and one row here.
+with the known ones listed, values validated once by the dataclasses); `flags.add_option_flags`
+makes the CLI flags from the same table. Adding an option: a field on a config dataclass and one row here.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -112,7 +111,7 @@ def _bool(text: str) -> bool:
     raise ValueError(text)
 
 
-def _int_or_auto(text: str) -> int | None:
+def int_or_auto(text: str) -> int | None:
     return None if text == "auto" else int(text)
 
 
@@ -162,7 +161,7 @@ OPTIONS: dict[str, Option] = {
         Option(
             "draft_tree",
             ("draft", "tree"),
-            _int_or_auto,
+            int_or_auto,
             "node budget of a draft tree: 0 = a chain, auto = sized from this host's measured verify costs "
             "(suffix drafter; a chain for the others)",
             aliases=("tree",),
@@ -178,7 +177,7 @@ OPTIONS: dict[str, Option] = {
             "greedy | speculative (lossless) | lenient[:L] (LOSSY, temperature > 0) | "
             "specdec[:beta=B,tau=T] (LOSSY when B > 1, temperature 0)",
         ),
-        Option("gamma", ("pearl", "gamma"), _int_or_auto, "PEARL window: an integer or auto (measured)"),
+        Option("gamma", ("pearl", "gamma"), int_or_auto, "PEARL window: an integer or auto (measured)"),
         Option(
             "pre_verify", ("pearl", "pre_verify"), _bool, "PEARL ablation: turn pre-verify off", flag="--no-pre-verify"
         ),
@@ -288,37 +287,3 @@ def split_options(values: Mapping[str, object]) -> tuple[dict[str, object], dict
         target = rest if name not in OPTIONS else request if OPTIONS[name].per_request else engine
         target[key] = value
     return engine, request, rest
-
-
-def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str], keep_defaults: bool = False) -> None:
-    """CLI flags for `names`; an absent flag stays absent from the namespace (defaults live in the
-    dataclasses, so a YAML file or a later layer can fill it), or, with `keep_defaults`, takes the
-    table's default (commands that read `args.NAME` directly: distill, train-draft, export)."""
-
-    def keep_default(value):
-        return list(value) if isinstance(value, tuple) else value
-
-    for name in names:
-        opt = OPTIONS[name]
-        default = opt.default
-        if opt.flag is not None:  # a boolean switch that flips the default
-            parser.add_argument(
-                opt.flag, dest=name, action="store_const", const=not default, default=argparse.SUPPRESS, help=opt.help
-            )
-            continue
-        kind = opt.parse if opt.parse in (int, float) else str
-        shown = "auto" if default is None and opt.parse is _int_or_auto else default
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=kind,
-            choices=opt.choices,
-            action="append" if opt.many else "store",
-            default=keep_default(default) if keep_defaults else argparse.SUPPRESS,
-            help=opt.help if opt.many else f"{opt.help} (default: {shown})",
-        )
-
-
-def given_options(args: argparse.Namespace, names: Iterable[str] | None = None) -> dict[str, object]:
-    """The option flags actually given on a parsed command line."""
-    return {k: v for k, v in vars(args).items() if k in OPTIONS and (names is None or k in names)}

@@ -36,8 +36,8 @@ from quickdraft.distill.train_heads import (
 )
 from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
+from quickdraft.flags import add_option_flags
 from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
-from quickdraft.options import add_option_flags
 
 KINDS = tuple(k.name for k in DRAFTER_KINDS.values() if k.trained_by == "train-draft")  # from the kind records
 

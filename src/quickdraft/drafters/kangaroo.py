@@ -3,9 +3,10 @@
 The draft is the target's own first l layers (shared weights, shared KV cache) plus a trained
 adapter (one attention block with its own norms) and the target's LM head (optionally restricted
 to K ids). Drafting runs the shallow layers on each new token through a handle on them over the
-target's own cache (`ShallowPass`, given by `bind`; never the target's cache owner) and stops after the first draft token whose top-1 probability is below eta (the
-second early exit) or at the length cap. The proposal carries the shallow states of [last committed
-token, d_1..d_k], so verification runs only layers [l, L) (`extend(..., shallow=...)`).
+target's own cache (`ShallowPass`, given by `bind`; never the target's cache owner) and stops after
+the first draft token whose top-1 probability is below eta (the second early exit) or at the length
+cap. The proposal carries the shallow states of [last committed token, d_1..d_k], so verification
+runs only layers [l, L) (`forward(..., shallow=...)`).
 
 State: `states` holds the exit-layer states of the committed tokens but the last (from `observe`,
 len == len(context) - 1); the adapter's cache `kv` holds rows of committed tokens only: rows added
