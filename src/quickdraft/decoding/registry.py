@@ -104,11 +104,11 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
     if budget > 0:
         if parts.config.verifier not in (None, "greedy" if sampling.greedy else "speculative"):
             raise QuickdraftError("token trees verify with the lossless rule only; drop --verifier")
+        from quickdraft.decoding.tree import TreeDecoder
         from quickdraft.drafters.tree import TreeShape
-        from quickdraft.verifiers import TreeRule
 
         shape = TreeShape(budget, draft.tree_width, draft.tree_widths)
-        return SpeculativeDecoder(parts.target, parts.drafter, TreeRule(), None, events, shape=shape)
+        return TreeDecoder(parts.target, parts.drafter, shape, events)
     verifier = make_verifier(parts.config.verifier, sampling)
     return SpeculativeDecoder(
         parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events

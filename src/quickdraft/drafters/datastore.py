@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from quickdraft.drafters.kinds import ASSETS, shipped_asset
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex, reversed_suffix_array
 from quickdraft.errors import QuickdraftError
 
 TOKENS_FILE = "tokens.npy.xz"
 META_FILE = "datastore.json"
-SHIPPED_DATASTORES = Path(__file__).resolve().parent.parent / "assets" / "suffix"
+SHIPPED_DATASTORES = ASSETS / "suffix"
 U16_SEP = np.iinfo(np.uint16).max
 
 
@@ -106,8 +107,5 @@ def load_datastore(folder: Path, vocab_size: int | None = None, quiet: bool = Fa
 
 def shipped_datastore(target) -> Path | None:
     """The datastore folder shipped for `target` (only the embedded default has one), else None."""
-    from quickdraft.models.delta import SHIPPED_FOR
-
-    key = SHIPPED_FOR.get(target.name)
-    folder = SHIPPED_DATASTORES / (key or "_")
-    return folder if key is not None and (folder / META_FILE).is_file() else None
+    folder = shipped_asset(SHIPPED_DATASTORES.name, target.name)
+    return folder if folder is not None and (folder / META_FILE).is_file() else None

@@ -31,7 +31,6 @@ from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tabl
 HEAD_WEIGHTS = "draft_head.safetensors"
 HEAD_META = "draft_head.json"
 HEAD_IDS = "head_ids.safetensors"
-SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "assets"
 
 
 @dataclass

@@ -105,7 +105,7 @@ class Admission:
         try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
             ids = engine.encode(req.messages if kind == "chat" else req.prompt)
             sampling, stop = req.options.sampling, req.options.stop_config(engine.target_info.eos_token_ids)
-            engine.check_length(len(ids), req.max_tokens)  # before the request takes a queue slot
+            engine.check_length(len(ids), req.options.max_new_tokens)  # before the request takes a queue slot
         except ContextLengthError as exc:
             raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
         except QuickdraftError as exc:

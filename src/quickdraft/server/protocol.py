@@ -69,16 +69,10 @@ class CompletionRequest:
     model: str | None
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
     return_spec_stats: bool = False
-    options: RequestOptions = field(default_factory=RequestOptions)  # the settings above, validated
+    options: RequestOptions = field(default_factory=RequestOptions)  # sampling, stop, max_tokens: validated
 
 
 def _short(value: object, limit: int = 80) -> str:
@@ -183,20 +177,20 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
             raise APIError(400, "'prompt' is required", "prompt")
         req.prompt = _prompt(body["prompt"])
         max_name = "max_tokens"
-    req.max_tokens = _integer(body, max_name, default_max_tokens, 1)
-    req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)  # OpenAI's range
-    req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    top_k = _integer(body, "top_k", 0, -1)
-    req.top_k = 0 if top_k == -1 else top_k  # vLLM's -1 = off
-    req.seed = body.get("seed")
+    settings = {
+        "max_new_tokens": _integer(body, max_name, default_max_tokens, 1),
+        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),  # OpenAI's range and default
+        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0),
+        "top_k": max(0, _integer(body, "top_k", 0, -1)),  # vLLM's -1 = off
+        "seed": body.get("seed"),
+    }
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise APIError(400, "'stop' must be a non-empty string or a list of up to 4 non-empty strings", "stop")
-    req.stop = [_check_text(s, "stop") for s in stops]
-    settings = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed}
+    settings["stop"] = [_check_text(s, "stop") for s in stops]
     try:  # validated by the options table's dataclasses, as every surface's settings are
-        req.options = request_from({**settings, "max_new_tokens": req.max_tokens, "stop": req.stop})
+        req.options = request_from(settings)
     except QuickdraftError as exc:
         raise APIError(400, str(exc)) from None
     for flag in ("stream", "return_spec_stats"):
