@@ -8,12 +8,12 @@ import torch
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.drafters import Drafter, ModelDrafter
+from quickdraft.drafters.base import DraftRequest, draft_path
 from quickdraft.drafters.cascade import CascadeDrafter, check_k_matrix
 from quickdraft.drafters.mag import MaGDrafter, build_bigram, load_bigram, save_bigram
 from quickdraft.drafters.spec import parse_cascade, parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
-from quickdraft.types import Proposal
 
 from conftest import tiny_llama
 
@@ -55,12 +55,12 @@ class StubReviewer(Drafter):
             rows.append(self._row(ctx))
         return torch.stack(rows)
 
-    def propose(self, context, k, sampling, generator, keep_drafting=None):
+    def propose(self, context, request, sampling, generator):
         ctx, out = list(context), []
-        for _ in range(k):
+        for _ in range(request.budget):
             out.append(rule(ctx))
             ctx.append(out[-1])
-        return Proposal(torch.tensor(out))
+        return draft_path(out)
 
 
 class StubBottom(Drafter):
@@ -75,13 +75,13 @@ class StubBottom(Drafter):
     def step_seconds(self):
         return None
 
-    def propose(self, context, k, sampling, generator, keep_drafting=None):
+    def propose(self, context, request, sampling, generator):
         self.calls += 1
         ctx, out = list(context), []
-        for i in range(k):
+        for i in range(request.budget):
             out.append(rule(ctx) if i < self.good else (ctx[-1] + 2) % V)
             ctx.append(out[-1])
-        return Proposal(torch.tensor(out))
+        return draft_path(out)
 
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -90,19 +90,19 @@ GREEDY = SamplingConfig(temperature=0.0)
 def test_horizontal_quotas_and_vertical_reviews():
     reviewer, bottom = StubReviewer(), StubBottom(good=2)
     csd = CascadeDrafter([reviewer, bottom], [[3, 4], [4]])
-    tokens = csd.propose([0], 10, GREEDY, None).tokens.tolist()
+    tokens = csd.propose([0], DraftRequest.chain(10), GREEDY, None).tokens
     # R fills 3 by reviewing 4-token bottom blocks (2 right + its own correction = 3 per review), then
     # the bottom extends by 4 (2 right, then off the rule)
     assert reviewer.reviews == 1 and reviewer.seen == [[1, 2, 4, 6]]
     assert tokens == [1, 2, 3, 4, 5, 7, 9]
     assert csd.calls == [1, 8]  # one review; the bottom drafted 4 tokens for it and 4 of its own
-    assert len(csd.propose([0], 2, GREEDY, None).tokens) == 2  # the decoder's k caps the block
+    assert len(csd.propose([0], DraftRequest.chain(2), GREEDY, None).tokens) == 2  # the decoder's k caps the block
 
 
 def test_recursion_three_levels():
     top, mid, bottom = StubReviewer("A"), StubReviewer("B"), StubBottom(good=0)
     csd = CascadeDrafter([top, mid, bottom], [[2, 2, 2], [1, 3], [3]])
-    tokens = csd.propose([5], 6, GREEDY, None).tokens.tolist()
+    tokens = csd.propose([5], DraftRequest.chain(6), GREEDY, None).tokens
     assert tokens[:4] == [6, 7, 8, 9]  # A and B levels are right by construction
     assert top.reviews >= 1 and mid.reviews >= 2  # B reviews for A (vertical) and for its own share
     assert all(len(s) <= 3 for s in mid.seen)  # B reviews blocks of the bottom's quota (row 2: 3)
@@ -111,11 +111,13 @@ def test_recursion_three_levels():
 def test_lenience_accepts_likely_tokens_only_inside():
     strict, lenient = StubReviewer(side=0.4), StubReviewer(side=0.4)
     bottom = StubBottom(good=0)  # proposes (last + 2): never R's argmax, R gives it 0.4
-    a = CascadeDrafter([strict, bottom], [[3, 0], [3]], lenience=1).propose([0], 3, GREEDY, None)
-    b = CascadeDrafter([lenient, StubBottom(good=0)], [[3, 0], [3]], lenience=3).propose([0], 3, GREEDY, None)
-    assert a.tokens.tolist() == [1, 2, 3] and strict.reviews == 3  # strict: only R's own corrections
-    assert b.tokens.tolist() == [2, 4, 6] and lenient.reviews == 1  # 0.4 > 1/3: the bottom's tokens pass
-    assert a.q_probs is None and b.q_probs is None  # deterministic: the top treats q as one-hot
+    a = CascadeDrafter([strict, bottom], [[3, 0], [3]], lenience=1).propose([0], DraftRequest.chain(3), GREEDY, None)
+    b = CascadeDrafter([lenient, StubBottom(good=0)], [[3, 0], [3]], lenience=3).propose(
+        [0], DraftRequest.chain(3), GREEDY, None
+    )
+    assert a.tokens == [1, 2, 3] and strict.reviews == 3  # strict: only R's own corrections
+    assert b.tokens == [2, 4, 6] and lenient.reviews == 1  # 0.4 > 1/3: the bottom's tokens pass
+    assert a.path_q() is None and b.path_q() is None  # deterministic: the top treats q as one-hot
 
 
 def test_k_matrix_and_grammar():

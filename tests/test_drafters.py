@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter, make_drafter, prompt_lookup
+from quickdraft.drafters.base import DraftRequest
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
@@ -29,20 +30,20 @@ def test_prompt_lookup_examples():
 
 
 def test_ngram_drafter_is_deterministic():
-    prop = PromptLookupDrafter().propose([1, 2, 3, 1, 2], 4, SamplingConfig(temperature=1.0), None)
-    assert prop.tokens.tolist() == [3, 1, 2] and prop.q_probs is None
+    prop = PromptLookupDrafter().propose([1, 2, 3, 1, 2], DraftRequest.chain(4), SamplingConfig(temperature=1.0), None)
+    assert prop.tokens == [3, 1, 2] and prop.path_q() is None
 
 
 def test_model_drafter_greedy_matches_argmax_chain():
     m = tiny_llama(dtype=torch.float64).model
     drafter = ModelDrafter(CachedModel(m))
     ctx = [3, 1, 4, 1, 5]
-    prop = drafter.propose(ctx, 4, SamplingConfig(), None)
+    prop = drafter.propose(ctx, DraftRequest.chain(4), SamplingConfig(), None)
     ids = list(ctx)
-    for t in prop.tokens.tolist():
+    for t in prop.tokens:
         assert t == int(naive_forward_logits(m, ids)[-1].argmax())
         ids.append(t)
-    assert prop.q_probs is None
+    assert prop.path_q() is None
     assert drafter.model.tokens == ids[:-1]  # the last draft token is never fed
 
 
@@ -52,31 +53,33 @@ def test_model_drafter_samples_from_the_q_it_returns():
     drafter = ModelDrafter(CachedModel(m))
     cfg = SamplingConfig(temperature=0.9, top_k=5)
     ctx = [2, 7, 1]
-    prop = drafter.propose(ctx, 3, cfg, torch.Generator().manual_seed(0))
+    prop = drafter.propose(ctx, DraftRequest.chain(3), cfg, torch.Generator().manual_seed(0))
     ids = list(ctx)
-    for i, t in enumerate(prop.tokens.tolist()):
+    for i, t in enumerate(prop.tokens):
         q = logits_to_probs(naive_forward_logits(m, ids)[-1], cfg)
-        assert torch.allclose(prop.q_probs[i], q, atol=1e-10)
+        assert torch.allclose(prop.path_q()[i], q, atol=1e-10)
         assert q[t] > 0
         ids.append(t)
     # same generator seed -> same proposal (after the drafter resyncs its cache)
-    again = drafter.propose(ctx, 3, cfg, torch.Generator().manual_seed(0))
-    assert again.tokens.tolist() == prop.tokens.tolist()
+    again = drafter.propose(ctx, DraftRequest.chain(3), cfg, torch.Generator().manual_seed(0))
+    assert again.tokens == prop.tokens
 
 
 def test_model_drafter_resyncs_after_rejection_and_bonus():
     m = tiny_llama(dtype=torch.float64).model
     drafter = ModelDrafter(CachedModel(m))
-    drafter.propose([1, 2, 3], 4, SamplingConfig(), None)
+    drafter.propose([1, 2, 3], DraftRequest.chain(4), SamplingConfig(), None)
     # next round: 1 draft accepted then a correction token that the draft never saw
     new_ctx = [1, 2, 3, 9, 12]
-    prop = drafter.propose(new_ctx, 2, SamplingConfig(), None)
+    prop = drafter.propose(new_ctx, DraftRequest.chain(2), SamplingConfig(), None)
     assert prop.tokens[0] == int(naive_forward_logits(m, new_ctx)[-1].argmax())
 
 
 def test_confidence_stop_ends_the_draft_early():
     m = tiny_llama(init=0.01).model  # flat logits: top-1 probability ~1/V
-    prop = ModelDrafter(CachedModel(m)).propose([1, 2], 6, SamplingConfig(), None, lambda logits: False)
+    prop = ModelDrafter(CachedModel(m)).propose(
+        [1, 2], DraftRequest.chain(6, lambda logits: False), SamplingConfig(), None
+    )
     assert len(prop) == 1
 
 
@@ -97,15 +100,15 @@ def test_fallback_chain_uses_the_copy_where_it_matches_and_the_model_elsewhere()
     chain = FallbackDrafter([PromptLookupDrafter(max_ngram=3, min_ngram=2), ModelDrafter(CachedModel(m))])
     chain.begin([1, 2, 3])
     # no 2-token suffix recurs: the model drafts (its greedy chain)
-    prop = chain.propose([1, 2, 3], 2, SamplingConfig(), None)
+    prop = chain.propose([1, 2, 3], DraftRequest.chain(2), SamplingConfig(), None)
     assert prop.tokens[0] == int(naive_forward_logits(m, [1, 2, 3])[-1].argmax())
     # "2 3" recurs: the copy drafts what followed it, and the model sits the round out
     ctx = [1, 2, 3, 9, 2, 3]
-    assert chain.propose(ctx, 2, SamplingConfig(), None).tokens.tolist() == [9, 2]
+    assert chain.propose(ctx, DraftRequest.chain(2), SamplingConfig(), None).tokens == [9, 2]
     assert chain.rounds_by_drafter == [1, 1]
     # back to the model: it catches its cache up on the tokens it missed
     ctx = ctx + [9, 5, 7]
-    prop = chain.propose(ctx, 1, SamplingConfig(), None)
+    prop = chain.propose(ctx, DraftRequest.chain(1), SamplingConfig(), None)
     assert prop.tokens[0] == int(naive_forward_logits(m, ctx)[-1].argmax())
     assert chain.drafters[1].model.tokens == ctx
     assert chain.rounds_by_drafter == [1, 2]

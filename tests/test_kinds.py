@@ -10,10 +10,10 @@ import torch
 
 from quickdraft import Engine, EngineConfig, QuickdraftError
 from quickdraft.drafters import KINDS, Drafter, make_drafter
+from quickdraft.drafters.base import draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, help_text, shipped_asset
 from quickdraft.drafters.spec import int_arg, parse_drafter_spec
 from quickdraft.options import options_from
-from quickdraft.types import Proposal
 
 from conftest import tiny_text_model
 
@@ -75,8 +75,9 @@ class RepeatDrafter(Drafter):
     def __init__(self, times: int, name: str) -> None:
         self.times, self.name = times, name
 
-    def propose(self, context, num_draft_tokens, sampling, generator, keep_drafting=None) -> Proposal:
-        return Proposal(tokens=torch.tensor([context[-1]] * min(self.times, num_draft_tokens), dtype=torch.long))
+    def propose(self, context, request, sampling, generator):
+        self.refuse_tree(request)
+        return draft_path([context[-1]] * min(self.times, request.budget))
 
 
 REPEAT = DrafterKind(

@@ -14,6 +14,7 @@ from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import Drafter, ModelDrafter, make_drafter
+from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.mixed import MixedTreeDrafter, tree_paths
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix import SuffixDrafter, merge_scores, paths_to_tree
@@ -29,7 +30,7 @@ from conftest import noisy_copy, random_transition, tiny_llama
 def test_scored_model_trees_and_their_paths():
     target = tiny_llama(vocab=64, layers=2, seed=4, dtype=torch.float64)
     drafter = ModelDrafter(cached_model(target.model, 64))
-    tree = drafter.propose_tree([1, 2, 3], TreeShape(6, width=2), SamplingConfig(), None)
+    tree = drafter.propose([1, 2, 3], DraftRequest.tree(TreeShape(6, width=2)), SamplingConfig(), None)
     paths = tree_paths(tree)
     assert len(paths) == len(tree) == len(tree.scores)
     for path, score in paths.items():  # a path's draft probability never exceeds its parent's
@@ -101,10 +102,10 @@ class UnionWhenSampling(MixedTreeDrafter):
     """Broken on purpose: the greedy union in sampling rounds, with the model's root q standing for
     every root child (the suffix children were never drawn from it)."""
 
-    def propose_tree(self, context, shape, sampling, generator):
-        scored, _ = self._long_match(context, shape.budget)
-        tree = self.model.propose_tree(context, shape, sampling, generator)
-        merged = paths_to_tree(merge_scores([scored, tree_paths(tree)], shape.budget + 2))
+    def propose(self, context, request, sampling, generator):
+        scored, _ = self.suffix.scored(context, request.budget)
+        tree = self.model.propose(context, request, sampling, generator)
+        merged = paths_to_tree(merge_scores([scored, tree_paths(tree)], request.budget + 2))
         if -1 in tree.q_rows:
             merged.q_rows[-1] = tree.q_rows[-1]
         self.rounds_by_source["union"] += 1

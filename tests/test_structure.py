@@ -115,3 +115,37 @@ def test_capabilities_are_declared_not_probed():
         if "hasattr(" in p.read_text() and str(p.relative_to(SRC)) not in allowed
     )
     assert not probing, probing
+
+
+def drafting_methods(root: Path) -> dict[str, list[str]]:
+    """{file: the argument names of every `propose*` method defined there}."""
+    found: dict[str, list[str]] = {}
+    for p in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("propose"):
+                found.setdefault(str(p.relative_to(root)), []).append(
+                    node.name + "(" + ",".join(a.arg for a in node.args.args) + ")"
+                )
+    return found
+
+
+def test_one_drafting_method():
+    """A chain is a tree one node wide: every drafter has one `propose(context, request, sampling,
+    generator)` returning a TokenTree; no `propose_tree` beside it, no chain-only signature."""
+    one = "propose(self,context,request,sampling,generator)"
+    other = {f: m for f, m in drafting_methods(SRC).items() if set(m) != {one}}
+    assert not other, other
+    assert len(drafting_methods(SRC)) >= 10  # every drafter file was scanned
+
+
+def test_one_drafting_method_finds_a_second_protocol(tmp_path):  # negative control
+    (tmp_path / "old.py").write_text(
+        "class D:\n    def propose(self, context, request, sampling, generator): ...\n"
+        "    def propose_tree(self, context, shape, sampling, generator): ...\n"
+    )
+    assert drafting_methods(tmp_path) == {
+        "old.py": [
+            "propose(self,context,request,sampling,generator)",
+            "propose_tree(self,context,shape,sampling,generator)",
+        ]
+    }

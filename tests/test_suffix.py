@@ -20,6 +20,7 @@ from quickdraft.decoding import Generators, collect
 from quickdraft.decoding import vanilla as tree_decoding  # the one round loop verifies trees there
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import make_drafter
+from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.datastore import load_datastore, save_datastore
 from quickdraft.drafters.spec import parse_drafter_spec, parse_suffix
 from quickdraft.drafters.suffix import (
@@ -123,8 +124,8 @@ def test_merge_keeps_the_best_score_and_the_tree_is_parent_first():
 def test_chain_is_the_greedy_path():
     store = SuffixIndex(concat_documents([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5]]))
     drafter = SuffixDrafter(store)
-    proposal = drafter.propose([9, 1, 2], 3, SamplingConfig(), None)
-    assert proposal.tokens.tolist() == [3, 4] and proposal.q_probs is None
+    proposal = drafter.propose([9, 1, 2], DraftRequest.chain(3), SamplingConfig(), None)
+    assert proposal.tokens == [3, 4] and proposal.path_q() is None
 
 
 def test_request_text_and_datastore_both_contribute():

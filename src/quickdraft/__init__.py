@@ -14,7 +14,8 @@ Public API: `generate`, `Engine`, `EngineConfig` and the config/result dataclass
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.engine import Engine, EngineConfig, generate
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import GenerationResult, Proposal, Round, SpecStats, Verdict
+from quickdraft.types import GenerationResult, Round, SpecStats, Verdict
+from quickdraft.verifiers.tree import TokenTree
 
 __version__ = "0.1.0"
 
@@ -23,7 +24,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "GenerationResult",
-    "Proposal",
+    "TokenTree",
     "QuickdraftError",
     "Round",
     "SamplingConfig",

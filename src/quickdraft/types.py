@@ -8,28 +8,6 @@ import torch
 
 
 @dataclass
-class Proposal:
-    """What a drafter proposes for one round.
-
-    Attributes:
-        tokens: (k,) int64 draft token ids d_1..d_k (k may be 0).
-        q_probs: (k, V) float32 processed draft distributions each d_i was sampled from, or None
-            when the proposal is deterministic (greedy draft, n-gram lookup): verifiers then treat
-            q as one-hot on d_i.
-        shallow: (k+1, H) states after the target's first l layers for [last committed token,
-            d_1..d_k], computed into the target's own cache while drafting (Kangaroo): verification
-            then runs only layers [l, L). None for every other drafter.
-    """
-
-    tokens: torch.Tensor
-    q_probs: torch.Tensor | None = None
-    shallow: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.tokens.numel())
-
-
-@dataclass
 class TargetOutput:
     """What one target forward returns: its logits and the states a target-reading drafter declared
     it reads (`Drafter.target_layers`), for every row of the forward.

@@ -30,11 +30,11 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
-from quickdraft.types import Proposal, Round
+from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
 
 
@@ -273,5 +273,5 @@ class PearlDecoder:
         context, k = job
         if k == 0:
             return [], None, draft_s
-        proposal: Proposal = self.drafter.propose(context, k, sampling, generators.draft, None)
-        return proposal.tokens.tolist(), proposal.q_probs, draft_s + time.perf_counter() - start
+        draft = self.drafter.propose(context, DraftRequest.chain(k), sampling, generators.draft)
+        return draft.tokens, draft.path_q(), draft_s + time.perf_counter() - start

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict, gamma_from_costs
-from quickdraft.drafters.base import drafter_step_seconds
+from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
 from quickdraft.models.timing import step_seconds
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 TARGET, DRAFT = 0, 1
 
@@ -83,7 +83,7 @@ def _recv(shape, dtype, src: int) -> torch.Tensor:
     return t
 
 
-class RemoteDraft:
+class RemoteDraft(Drafter):
     """The target worker's drafter: `propose` receives what the draft worker drafted for the same
     (context, k); both workers derive (context, k) from the same PearlLogic state."""
 
@@ -92,15 +92,12 @@ class RemoteDraft:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
 
-    def begin(self, prompt_ids) -> None:
-        pass
-
-    def propose(self, context, num_draft_tokens, sampling, generator, keep_drafting=None) -> Proposal:
+    def propose(self, context, request: DraftRequest, sampling, generator) -> TokenTree:
         size = int(_recv((1,), torch.long, DRAFT)[0])
         header = _recv((size,), torch.long, DRAFT).tolist()
-        tokens = torch.tensor(header[2 : 2 + header[0]], dtype=torch.long)
+        tokens = header[2 : 2 + header[0]]
         q = _recv((header[0], self.vocab_size), torch.float32, DRAFT) if header[1] else None
-        return Proposal(tokens=tokens, q_probs=q)
+        return TokenTree.path(tokens, q)
 
 
 class _DraftRole:
@@ -129,8 +126,8 @@ class _DraftRole:
             drafted, q = [], None
             job_d = logic.draft_job()
             if job_d is not None and job_d[1] > 0:  # exactly when the target's PearlDecoder asks
-                prop = self.drafter.propose(job_d[0], job_d[1], sampling, gens.draft, None)
-                drafted, q = prop.tokens.tolist(), prop.q_probs
+                draft = self.drafter.propose(job_d[0], DraftRequest.chain(job_d[1]), sampling, gens.draft)
+                drafted, q = draft.tokens, draft.path_q()
                 header = torch.tensor([len(drafted), int(q is not None), *drafted], dtype=torch.long)
                 _send(torch.tensor([header.numel()]), TARGET)
                 _send(header, TARGET)

@@ -11,8 +11,9 @@ from quickdraft.verifiers.base import TreeRule
 
 
 class TreeDecoder(SpeculativeDecoder):
-    """Draft a tree with `drafter.propose_tree`, verify all of it with one target forward (lossless
-    tree rules; `events` are reported once with the first token, e.g. an auto-sized budget)."""
+    """Draft a tree each round (`drafter.propose` with the tree shape), verify all of it with one
+    target forward (lossless tree rules; `events` are reported once with the first token, e.g. an
+    auto-sized budget)."""
 
     def __init__(self, target, drafter, shape: TreeShape, events: dict[str, int] | None = None) -> None:
         super().__init__(target, drafter, TreeRule(), None, events, shape=shape)

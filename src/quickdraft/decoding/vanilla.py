@@ -4,10 +4,10 @@ commit, one round at a time (method "sd").
 A chain is a tree one node wide: every round's draft is a `TokenTree` (a chain drafter's proposal
 becomes a path), the target scores it in one forward, and the accepted path is kept. What differs is
 only how a round is asked for and checked:
-- a chain (`shape` None) is drafted by `propose` with the draft-length policy, scored by a plain
-  causal extend (every runtime), verified by the configured verifier (lossless or lossy) and
+- a chain (`shape` None) is asked for with the draft-length policy, scored by a plain causal
+  extend (every runtime), verified by the configured verifier (lossless or lossy) and
   committed by rolling the target's cache back to the accepted length;
-- a tree (`shape`: its node budget) is drafted by `propose_tree`, scored with depth positions and the
+- a tree (`shape`: its node budget) is asked for by its shape, scored with depth positions and the
   tree's attention mask (native runtime), verified by the lossless tree rules and committed by
   compacting the cache to the root and the accepted path.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
 from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
@@ -40,7 +40,7 @@ class SpeculativeDecoder:
 
     Args:
         target: the target model and its cache (trees: the native runtime).
-        drafter: proposes chains (`propose`) or, with `shape`, trees (`propose_tree`).
+        drafter: drafts a path each round, or with `shape` a tree (`propose` with a `DraftRequest`).
         verifier: accepts/rejects a chain (lossless unless verifier.lossy); trees use the tree rules.
         make_policy: builds a fresh draft-length policy for each generation (chains).
         events: reported once with the first token (a tree that fell back, an auto-sized budget).
@@ -102,13 +102,9 @@ class SpeculativeDecoder:
             k = min(policy.num_draft_tokens(), room)
             if k < 1:
                 return TokenTree()
-            proposal = self.drafter.propose(context, k, sampling, gens.draft, policy.keep_drafting)
-            return TokenTree.path(proposal.tokens.tolist(), proposal.q_probs, proposal.shallow)
-        budget = min(self.shape.budget, room)
-        if budget < 1:
-            return TokenTree()
-        shape = TreeShape(budget, self.shape.width, self.shape.widths)
-        return self.drafter.propose_tree(context, shape, sampling, gens.draft)
+            return self.drafter.propose(context, DraftRequest.chain(k, policy.keep_drafting), sampling, gens.draft)
+        request = DraftRequest.tree(self.shape).within(room)
+        return self.drafter.propose(context, request, sampling, gens.draft) if request.budget >= 1 else TokenTree()
 
     def _forward(self, last: int, draft: TokenTree) -> TargetOutput:
         """The target over [last committed token, draft nodes]: causal for a chain (reusing its

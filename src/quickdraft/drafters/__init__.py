@@ -13,7 +13,7 @@ Adding a drafter kind: its file (class and `KIND` record) and one entry in `regi
 from __future__ import annotations
 
 from quickdraft.drafters import block, cascade, feature_head, kangaroo, mag, mixed, model_drafter, ngram, suffix
-from quickdraft.drafters.base import Drafter, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, register, stage_dtype
 from quickdraft.drafters.model_drafter import ModelDrafter
@@ -63,7 +63,8 @@ __all__ = [
     "FallbackDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
-    "empty_proposal",
+    "DraftRequest",
+    "draft_path",
     "make_drafter",
     "ngram_drafter",
     "parse_drafter_spec",

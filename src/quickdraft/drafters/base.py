@@ -1,24 +1,62 @@
 """The Drafter base class: the protocol every drafter follows and the capabilities it declares.
 
-A drafter proposes up to k tokens continuing the committed sequence. It owns whatever state it
-needs (a model drafter owns its CachedModel) and reconciles that state with the committed sequence
-at the start of every `propose` call, so decode loops never touch a drafter's cache and rejected or
-never-fed drafts (the all-accepted off-by-one) are handled in one place.
+A drafter has one method for drafting: `propose(context, request, sampling, generator)` returns a
+`TokenTree` continuing the committed sequence. A chain is a tree one node wide: asked for a chain
+(`request.shape` None) a drafter returns a path of at most `request.budget` tokens
+(`TokenTree.path`, carrying the q rows its tokens were sampled from); asked for a tree, a drafter
+that `drafts_trees` returns a tree of at most that many nodes.
+
+A drafter owns whatever state it needs (a model drafter owns its CachedModel) and reconciles that
+state with the committed sequence at the start of every `propose` call, so decode loops never touch a
+drafter's cache and rejected or never-fed drafts (the all-accepted off-by-one) are handled in one
+place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from quickdraft.config import SamplingConfig
+from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import logits_to_probs, sample
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 # Called with the draft's raw logits row (V,) after each drafted token; False stops the round.
 KeepDrafting = Callable[[torch.Tensor], bool]
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What one round asks of a drafter.
+
+    Attributes:
+        budget: the most draft nodes (a chain's length, a tree's node count).
+        shape: the tree's shape (its budget equals `budget`), or None for a chain: a one-wide tree.
+        keep_drafting: a chain's early stop (the draft-length policy), called after each token.
+    """
+
+    budget: int
+    shape: TreeShape | None = None
+    keep_drafting: KeepDrafting | None = None
+
+    @classmethod
+    def chain(cls, k: int, keep_drafting: KeepDrafting | None = None) -> DraftRequest:
+        return cls(k, None, keep_drafting)
+
+    @classmethod
+    def tree(cls, shape: TreeShape) -> DraftRequest:
+        return cls(shape.budget, shape)
+
+    def within(self, room: int) -> DraftRequest:
+        """The same request with at most `room` nodes (a draft with a shorter context near its end)."""
+        budget = min(self.budget, room)
+        if self.shape is None or budget < 1 or budget == self.shape.budget:
+            return replace(self, budget=budget)
+        return replace(self, budget=budget, shape=replace(self.shape, budget=budget))
 
 
 class Drafter:
@@ -28,7 +66,7 @@ class Drafter:
     Attributes:
         name: labels statistics and reports.
         target_layers: the target states it reads (FEATURES or layer indices; empty: none).
-        drafts_trees: it drafts token trees (`propose_tree`).
+        drafts_trees: it drafts token trees (`propose` with a tree request), not only paths.
         can_review: it can review lower levels of a CS Drafting cascade (`review`).
         tree_gain: expected tokens per forward by tree budget, which sizes `draft_tree` auto (None:
             a chain).
@@ -52,23 +90,21 @@ class Drafter:
         """Start a new sequence (drop state tied to an earlier one)."""
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        """Propose up to `num_draft_tokens` tokens continuing `context` (the committed ids).
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """Draft continuing `context` (the committed ids): a path of at most `request.budget` tokens
+        for a chain request, a tree of at most that many nodes for a tree request (drafters with
+        `drafts_trees`; the others refuse it with `refuse_tree`).
 
         In sampling mode a drafter with a distribution must sample each token from exactly the
-        processed q it returns; deterministic drafters return q_probs=None.
+        processed q it puts in the tree (`q_rows`); deterministic drafters put none.
         """
         raise NotImplementedError
 
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
-        """A token tree of at most `shape.budget` nodes continuing `context` (drafters with `drafts_trees`)."""
-        raise QuickdraftError(f"drafter {self.name!r} cannot draft trees")
+    def refuse_tree(self, request: DraftRequest) -> None:
+        """Raise when a chain-only drafter is asked for a tree."""
+        if request.shape is not None:
+            raise QuickdraftError(f"drafter {self.name!r} cannot draft trees")
 
     def step_seconds(self) -> float | None:
         """Measured seconds of one draft step, or None when drafting costs next to nothing (no model).
@@ -150,8 +186,14 @@ def draft_token(logits: torch.Tensor, sampling: SamplingConfig, generator, q_row
     return int(sample(q, generator))
 
 
-def empty_proposal() -> Proposal:
-    return Proposal(tokens=torch.zeros(0, dtype=torch.long), q_probs=None)
+def draft_path(
+    tokens: Sequence[int], q_rows: Sequence[torch.Tensor] = (), shallow: torch.Tensor | None = None
+) -> TokenTree:
+    """A chain's draft as a one-wide tree: `q_rows` the (V,) rows its tokens were sampled from (none:
+    deterministic), `shallow` the target's first-layer states of [last committed, tokens] (Kangaroo)."""
+    if q_rows and len(q_rows) != len(tokens):
+        raise QuickdraftError(f"{len(q_rows)} q rows for {len(tokens)} draft tokens")
+    return TokenTree.path(list(tokens), torch.stack(list(q_rows)) if len(q_rows) else None, shallow)
 
 
 def drafter_step_seconds(drafter: Drafter | None) -> float | None:

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.base import DraftRequest, draft_path, draft_token
 from quickdraft.drafters.feature_head import FeatureRows
 from quickdraft.drafters.kinds import DrafterKind
 from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import BlockDrafter
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 class BlockDrafterRunner(FeatureRows):
@@ -29,16 +29,13 @@ class BlockDrafterRunner(FeatureRows):
 
     @torch.inference_mode()
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        k = min(num_draft_tokens, self.head.cfg.block)
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A chain of up to `block` tokens from one forward of the block's queries."""
+        self.refuse_tree(request)
+        k = min(request.budget, self.head.cfg.block)
         if k < 1:
-            return empty_proposal()
+            return TokenTree()
         committed = len(context) - 1
         self._catch_up(context)  # prefix rows up to the last committed token
         positions = torch.arange(committed, committed + k, device=self.lm.embed.device)
@@ -49,10 +46,7 @@ class BlockDrafterRunner(FeatureRows):
         logits = self.lm.logits(out)  # (k, V)
         q_rows: list[torch.Tensor] = []
         tokens = [draft_token(logits[j], sampling, generator, q_rows) for j in range(k)]
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q_probs=torch.stack(q_rows) if q_rows else None,
-        )
+        return draft_path(tokens, q_rows)
 
 
 def _from_module(module: BlockDrafter, lm: HeadLM, eta: float, name: str) -> BlockDrafterRunner:

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import ComposedReads, Drafter, KeepDrafting, empty_proposal, reads_target
+from quickdraft.drafters.base import ComposedReads, Drafter, DraftRequest, draft_path, reads_target
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
 from quickdraft.drafters.spec import parse_cascade
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -126,7 +126,7 @@ class CascadeDrafter(ComposedReads):
                     below = self.generate(j + 1, ctx, limit=sum(self.k[j + 1][j + 1 :]))
                     new = self.review(j, ctx, below)
                 else:
-                    drafted = level.propose(ctx, quota - len(out), GREEDY, None).tokens.tolist()
+                    drafted = level.propose(ctx, DraftRequest.chain(quota - len(out)), GREEDY, None).tokens
                     self.calls[j] += len(drafted)  # one step per token (a model-free level costs 0)
                     new = [(t, 1.0) for t in drafted]
                 if not new:
@@ -135,17 +135,13 @@ class CascadeDrafter(ComposedReads):
         return out[:limit]
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        block = self.generate(0, list(context), min(num_draft_tokens, self.block))
-        return Proposal(tokens=torch.tensor([t for t, _ in block], dtype=torch.long))  # q one-hot
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """The cascade's block as a chain (deterministic: the verifiers treat q as one-hot)."""
+        self.refuse_tree(request)
+        if request.budget < 1:
+            return TokenTree()
+        return draft_path([t for t, _ in self.generate(0, list(context), min(request.budget, self.block))])
 
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> CascadeDrafter:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import ComposedReads, Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import ComposedReads, Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 class FallbackDrafter(ComposedReads):
@@ -54,25 +54,13 @@ class FallbackDrafter(ComposedReads):
         return max(costs) if costs else None
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """The first stage's non-empty draft (a chain-only stage asked for a tree refuses by name)."""
+        draft = TokenTree()
         for i, drafter in enumerate(self.drafters):
-            proposal = drafter.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
-            if proposal.tokens.numel():
+            draft = drafter.propose(context, request, sampling, generator)
+            if len(draft):
                 self.rounds_by_drafter[i] += 1
-                return proposal
-        return empty_proposal()
-
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
-        """The first stage's non-empty tree (a stage that cannot draft trees refuses by name)."""
-        for i, drafter in enumerate(self.drafters):
-            tree = drafter.propose_tree(context, shape, sampling, generator)
-            if len(tree):
-                self.rounds_by_drafter[i] += 1
-                return tree
-        return tree
+                return draft
+        return draft

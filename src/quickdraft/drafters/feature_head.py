@@ -18,11 +18,12 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import FEATURES, Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.base import FEATURES, Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.kinds import DrafterKind
 from quickdraft.drafters.reuse import HeadLM, reusing_builder
+from quickdraft.drafters.tree import grow_tree
 from quickdraft.models.draft_heads import FeatureHead, block_cache
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 class FeatureRows(Drafter):
@@ -89,13 +90,34 @@ class FeatureHeadDrafter(FeatureRows):
     drafts_trees = True
 
     @torch.inference_mode()
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator):
-        """A token tree (drafters/tree.py, EAGLE-2's dynamic expansion by default): each level is one
-        head forward over its new nodes, each reading its parent's predicted feature."""
-        from quickdraft.drafters.tree import grow_tree
-
+    def propose(
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A chain, one head step per token, or a token tree (`_tree`); the rows built on predicted
+        features are dropped at the end."""
+        if request.budget < 1:
+            return TokenTree()
         committed = len(context) - 1
-        root = self._catch_up(context)  # (1, H)
+        pred = self._catch_up(context)  # (1, H): predicted f_{committed}
+        if request.shape is not None:
+            tree = self._tree(pred, committed, request.shape, sampling, generator)
+            self.kv.rollback(committed)
+            return tree
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        keep = request.keep_drafting
+        while True:
+            logits = self.lm.logits(pred)[0]  # (V,)
+            tokens.append(draft_token(logits, sampling, generator, q_rows))
+            if len(tokens) == request.budget or (keep is not None and not keep(logits)):
+                break
+            pred = self._rows(pred, torch.tensor(tokens[-1:]))
+        self.kv.rollback(committed)  # drop the rows built on predicted features
+        return draft_path(tokens, q_rows)
+
+    def _tree(self, root: torch.Tensor, committed: int, shape, sampling: SamplingConfig, generator) -> TokenTree:
+        """A token tree (drafters/tree.py, EAGLE-2's dynamic expansion by default): each level is one
+        head forward over its new nodes, each reading its parent's predicted feature. root: (1, H)."""
         outputs: list[torch.Tensor] = []  # predicted feature per fed node (in node order)
 
         def expand(tree, new: list[int]) -> torch.Tensor:
@@ -109,36 +131,7 @@ class FeatureHeadDrafter(FeatureRows):
             outputs.extend(out.split(1))
             return self.lm.logits(out)
 
-        tree = grow_tree(self.lm.logits(root)[0], expand, shape, sampling, generator)
-        self.kv.rollback(committed)
-        return tree
-
-    @torch.inference_mode()
-    def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        committed = len(context) - 1
-        pred = self._catch_up(context)  # (1, H): predicted f_{committed}
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        while True:
-            logits = self.lm.logits(pred)[0]  # (V,)
-            tokens.append(draft_token(logits, sampling, generator, q_rows))
-            if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
-                break
-            pred = self._rows(pred, torch.tensor(tokens[-1:]))
-        self.kv.rollback(committed)  # drop the rows built on predicted features
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q_probs=torch.stack(q_rows) if q_rows else None,
-        )
+        return grow_tree(self.lm.logits(root)[0], expand, shape, sampling, generator)
 
 
 def _from_module(module: FeatureHead, lm: HeadLM, eta: float, name: str) -> FeatureHeadDrafter:

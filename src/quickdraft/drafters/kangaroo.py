@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.kinds import DrafterKind
 from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import KangarooAdapter, block_cache
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 
 class KangarooDrafter(Drafter):
@@ -87,22 +87,20 @@ class KangarooDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A chain that stops when the adapter's confidence drops below eta; it carries the shallow
+        states of [last committed, tokens] for verification to reuse."""
+        self.refuse_tree(request)
         committed = len(context) - 1
         if self.shallow is None or len(self.states) != committed:
             raise RuntimeError(
                 f"{self.name} drafter: not bound to the target, or {len(self.states)} exit-layer states for "
                 f"{committed} cached tokens (a decoder must bind it and pass every forward's rows to observe)"
             )
-        num_draft_tokens = min(num_draft_tokens, self.shallow.max_length - len(context) - 1)
+        num_draft_tokens = min(request.budget, self.shallow.max_length - len(context) - 1)
         if num_draft_tokens < 1:
-            return empty_proposal()
+            return TokenTree()
         if self.kv.length < committed:  # committed rows the adapter has not read yet
             self._adapt(torch.stack(self.states[self.kv.length : committed]), head=False)
         shallow = [self.shallow([context[-1]])]  # first early exit
@@ -116,14 +114,10 @@ class KangarooDrafter(Drafter):
             confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit
             if len(tokens) == num_draft_tokens or not confident:
                 break
-            if keep_drafting is not None and not keep_drafting(logits):
+            if request.keep_drafting is not None and not request.keep_drafting(logits):
                 break
         self.kv.rollback(committed)
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q_probs=torch.stack(q_rows) if q_rows else None,
-            shallow=torch.cat(shallow),
-        )
+        return draft_path(tokens, q_rows, shallow=torch.cat(shallow))
 
 
 def _from_module(module: KangarooAdapter, lm: HeadLM, eta: float, name: str) -> KangarooDrafter:

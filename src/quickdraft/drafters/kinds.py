@@ -60,7 +60,7 @@ class DrafterKind:
         reads_target: which of the target's states it reads: "" none, "features" (the final-normed
             rows the LM head reads), "layer l" (the state entering the exit layer l). Such a kind
             needs the native runtime and cannot run under PEARL.
-        drafts_trees: it drafts token trees (`propose_tree`).
+        drafts_trees: it drafts token trees, not only paths.
         can_review: it can review lower levels in a CS Drafting cascade (`review`).
         hf_model: it is a whole causal LM that transformers' assisted generation can run.
         module: its trainable module class (`models/draft_heads.py`), trained by `train-draft`.

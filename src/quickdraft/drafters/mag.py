@@ -19,11 +19,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, shipped_asset
 from quickdraft.drafters.ngram import prompt_lookup
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
+from quickdraft.verifiers.tree import TokenTree
 
 BIGRAM_FILE = "bigram.safetensors"
 
@@ -87,16 +87,10 @@ class MaGDrafter(Drafter):
         return tokens
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        return Proposal(tokens=torch.tensor(self.draft(context, num_draft_tokens), dtype=torch.long))
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        self.refuse_tree(request)
+        return draft_path(self.draft(context, request.budget)) if request.budget >= 1 else TokenTree()
 
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MaGDrafter:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import ComposedReads, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import ComposedReads, DraftRequest, draft_path
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
 from quickdraft.drafters.spec import parse_mix
 from quickdraft.drafters.suffix import (
@@ -32,7 +32,6 @@ from quickdraft.drafters.suffix import (
     paths_to_tree,
 )
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 MIN_MATCH = 4  # a suffix match this long drafts alone in sampling rounds and chains
@@ -51,7 +50,7 @@ class MixedTreeDrafter(ComposedReads):
 
     Args:
         suffix: the suffix drafter.
-        model: a drafter that drafts scored trees (`propose_tree`; the feature head, a draft model).
+        model: a drafter that drafts scored trees (the feature head, a draft model).
         min_match: the suffix match length that makes a sampling round (or a chain) suffix-only.
     """
 
@@ -71,40 +70,29 @@ class MixedTreeDrafter(ComposedReads):
     def step_seconds(self) -> float | None:
         return self.model.step_seconds()
 
-    def _long_match(self, context: Sequence[int], budget: int):
-        scored, longest = self.suffix.scored(context, budget)
-        return scored, longest >= self.min_match
-
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
-        scored, long_match = self._long_match(context, shape.budget)
-        if not sampling.greedy:
-            source = "suffix" if long_match and scored else "model"
-            self.rounds_by_source[source] += 1
-            if source == "suffix":
-                return paths_to_tree(merge_scores([scored], shape.budget))
-            return self.model.propose_tree(context, shape, sampling, generator)
-        self.rounds_by_source["union"] += 1
-        model_tree = self.model.propose_tree(context, shape, sampling, generator)
-        return paths_to_tree(merge_scores([scored, tree_paths(model_tree)], shape.budget))
-
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        budget = num_draft_tokens * CHAIN_TREE_FACTOR
-        scored, long_match = self._long_match(context, budget)
-        if long_match and scored:  # the suffix drafter's own chain, from the search just made
-            self.rounds_by_source["suffix"] += 1
-            chain = greedy_chain(merge_scores([scored], budget), num_draft_tokens)
-            return Proposal(tokens=torch.tensor(chain, dtype=torch.long))
-        self.rounds_by_source["model"] += 1
-        return self.model.propose(context, num_draft_tokens, sampling, generator, keep_drafting)
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A tree: greedy, the union of both trees; sampled, one source's tree (see the module
+        docstring). A chain: the suffix drafter's own path after a long match, else the model's."""
+        if request.budget < 1:
+            return TokenTree()
+        budget = request.budget if request.shape is not None else request.budget * CHAIN_TREE_FACTOR
+        scored, longest = self.suffix.scored(context, budget)
+        long_match = longest >= self.min_match and bool(scored)
+        if request.shape is None:
+            self.rounds_by_source["suffix" if long_match else "model"] += 1
+            if long_match:  # the suffix drafter's own chain, from the search just made
+                return draft_path(greedy_chain(merge_scores([scored], budget), request.budget))
+            return self.model.propose(context, request, sampling, generator)
+        if not sampling.greedy:
+            self.rounds_by_source["suffix" if long_match else "model"] += 1
+            if long_match:
+                return paths_to_tree(merge_scores([scored], budget))
+            return self.model.propose(context, request, sampling, generator)
+        self.rounds_by_source["union"] += 1
+        model_tree = self.model.propose(context, request, sampling, generator)
+        return paths_to_tree(merge_scores([scored, tree_paths(model_tree)], budget))
 
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MixedTreeDrafter:

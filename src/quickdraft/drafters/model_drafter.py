@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, draft_token, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg, parse_quant, required_path
+from quickdraft.drafters.tree import model_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.delta import load_delta, shipped_delta_dir
 from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 from quickdraft.models.runtime import cached_model
-from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 
@@ -61,30 +61,29 @@ class ModelDrafter(Drafter):
         return step_seconds(self.model)
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        # a draft with a shorter context than the target stops drafting near its limit (plain steps)
-        num_draft_tokens = min(num_draft_tokens, self.model.max_length - len(context))
-        if num_draft_tokens < 1:
-            return empty_proposal()
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A chain of one token per step, or a token tree (drafters/tree.py); the cache ends at `context`.
+        A draft with a shorter context than the target stops drafting near its limit (plain steps)."""
+        if request.shape is not None:
+            request = request.within(self.model.max_length - len(context) - 1)
+            if request.budget < 1:
+                return TokenTree()
+            return model_tree(self.model, context, request.shape, sampling, generator)
+        k = min(request.budget, self.model.max_length - len(context))
+        if k < 1:
+            return TokenTree()
         logits = self.model.sync(context)[-1]  # (V,)
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
+        keep = request.keep_drafting
         while True:
             token = draft_token(logits, sampling, generator, q_rows)
             tokens.append(token)
-            if len(tokens) == num_draft_tokens or (keep_drafting is not None and not keep_drafting(logits)):
+            if len(tokens) == k or (keep is not None and not keep(logits)):
                 break
             logits = self.model.extend([token], last_only=True)[-1]
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q_probs=torch.stack(q_rows) if q_rows else None,
-        )
+        return draft_path(tokens, q_rows)
 
     @torch.inference_mode()
     def review(self, context: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
@@ -92,15 +91,6 @@ class ModelDrafter(Drafter):
         of this model at the positions predicting tokens[0..m-1] and the one after them."""
         self.model.rollback(min(self.model.length, len(context) - 1))  # so the rows below are all fed
         return self.model.sync(list(context) + list(tokens), last_only=False)[-(len(tokens) + 1) :]
-
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
-        """A token tree of at most `shape.budget` nodes (drafters/tree.py); the cache ends at `context`."""
-        from quickdraft.drafters.tree import TreeShape, model_tree
-
-        budget = min(shape.budget, self.model.max_length - len(context) - 1)
-        if budget < 1:
-            return TokenTree()
-        return model_tree(self.model, context, TreeShape(budget, shape.width, shape.widths), sampling, generator)
 
 
 def model_drafter(draft: LoadedModel, target: LoadedModel, name: str, runtime: str) -> ModelDrafter:

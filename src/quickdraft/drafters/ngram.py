@@ -1,7 +1,7 @@
 """Prompt lookup (n-gram matching): draft by copying what followed the latest earlier occurrence of
 the context's last n tokens (Saxena 2023; transformers' prompt_lookup_num_tokens, vLLM's ngram).
 
-No model, no cache, deterministic (q_probs None): the verifier treats q as one-hot.
+No model, no cache, deterministic (no q rows): the verifier treats q as one-hot.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import ngram_sizes
+from quickdraft.drafters.tree import lookup_tree
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 
@@ -56,23 +56,15 @@ class PromptLookupDrafter(Drafter):
         self.name = "ngram"
 
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        tokens = prompt_lookup(context, num_draft_tokens, self.max_ngram, self.min_ngram)
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q_probs=None)
-
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
-        """The continuations of several earlier matches as a trie (deterministic: no q)."""
-        from quickdraft.drafters.tree import lookup_tree
-
-        return lookup_tree(context, shape, self.max_ngram, self.min_ngram)
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """The continuation of the latest match (a chain), or of several earlier matches as a trie (a
+        tree); deterministic: no q."""
+        if request.shape is not None:
+            return lookup_tree(context, request.shape, self.max_ngram, self.min_ngram)
+        if request.budget < 1:
+            return TokenTree()
+        return draft_path(prompt_lookup(context, request.budget, self.max_ngram, self.min_ngram))
 
 
 def ngram_drafter(arg: str | None) -> PromptLookupDrafter:

@@ -32,13 +32,12 @@ import numpy as np
 import torch
 
 from quickdraft.config import SamplingConfig
-from quickdraft.drafters.base import Drafter, KeepDrafting, empty_proposal
+from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.datastore import load_datastore, shipped_datastore
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import parse_suffix
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex
 from quickdraft.errors import QuickdraftError
-from quickdraft.types import Proposal
 from quickdraft.verifiers.tree import TokenTree
 
 CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this many nodes
@@ -218,23 +217,17 @@ class SuffixDrafter(Drafter):
         """The `budget` best continuation paths of `context`, parents first."""
         return merge_scores([self.scored(context, budget)[0]], budget)
 
-    def propose_tree(self, context: Sequence[int], shape, sampling: SamplingConfig, generator) -> TokenTree:
-        """The `shape.budget` best nodes (the shape's width does not apply: branching follows the data)."""
-        return paths_to_tree(self.candidates(context, shape.budget))
-
     def propose(
-        self,
-        context: Sequence[int],
-        num_draft_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        """The greedy path (most frequent child at every node) of up to `num_draft_tokens` tokens."""
-        if num_draft_tokens < 1:
-            return empty_proposal()
-        paths = self.candidates(context, num_draft_tokens * CHAIN_TREE_FACTOR)
-        return Proposal(tokens=torch.tensor(greedy_chain(paths, num_draft_tokens), dtype=torch.long))
+        self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A tree of the `budget` best nodes (the shape's width does not apply: branching follows the
+        data), or for a chain the greedy path (most frequent child at every node)."""
+        if request.budget < 1:
+            return TokenTree()
+        if request.shape is not None:
+            return paths_to_tree(self.candidates(context, request.budget))
+        paths = self.candidates(context, request.budget * CHAIN_TREE_FACTOR)
+        return draft_path(greedy_chain(paths, request.budget))
 
 
 def build_suffix(spec: DrafterSpec, target, dtype: str = "", runtime: str = "auto") -> SuffixDrafter:
