@@ -23,17 +23,7 @@ from safetensors.torch import save_file
 
 from quickdraft.distill.seqkd import read_seqkd, shuffled
 from quickdraft.distill.student import rank_tokens
-from quickdraft.distill.train_heads import (
-    HeadTrainingConfig,
-    batch_rows,
-    decode_eval,
-    evaluate,
-    lr_at,
-    new_module,
-    save_checkpoint,
-    target_batch,
-    train_loss,
-)
+from quickdraft.distill.train_heads import HeadTrainingConfig
 from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_option_flags
@@ -63,8 +53,25 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--block", type=int, default=4, help="SpecDec: tokens the block drafter drafts per forward")
     t.add_argument("--head-vocab", type=int, default=8192, help="restricted LM head: the K most frequent ids (0: all)")
     t.add_argument("--feature-weight", type=float, default=1.0, help="weight of the head's feature regression")
-    t.add_argument("--eval-rows", type=int, default=48, help="held-out rows scored before and after")
-    t.add_argument("--decode-prompts", type=int, default=8, help="held-out prompts decoded after training")
+    t.add_argument(
+        "--ttt-steps",
+        type=int,
+        default=1,
+        help="head: unroll n steps on its own predicted features (EAGLE-3's training-time test), 1..8",
+    )
+    t.add_argument(
+        "--init",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="start a module from a trained one (its folder, e.g. a shipped head; repeatable); its head ids are kept",
+    )
+    t.add_argument(
+        "--store", default=None, help="feature store folder (default OUTPUT/store): the target's states, computed once"
+    )
+    t.add_argument("--eval-rows", type=int, default=48, help="held-out rows scored (half greedy, half sampled)")
+    t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps into eval.jsonl (0: start, end)")
+    t.add_argument("--decode-prompts", type=int, default=8, help="held-out prompts decoded at each evaluation")
     t.add_argument("--checkpoint-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     add_option_flags(t, ("threads", "device"), keep_defaults=True)
@@ -128,6 +135,7 @@ def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> P
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
+    from quickdraft.distill.train_run import TrainRun, _summary
     from quickdraft.models.loading import load_model
     from quickdraft.models.native import NativeLlama
 
@@ -137,10 +145,15 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise QuickdraftError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    if not 1 <= args.ttt_steps <= 8:
+        raise QuickdraftError(f"--ttt-steps must be in 1..8, got {args.ttt_steps}")
+    if args.eval_every < 0:
+        raise QuickdraftError(f"--eval-every must be >= 0, got {args.eval_every}")
     cfg = HeadTrainingConfig(
         kinds=kinds, steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
         warmup=args.warmup, exit_layer=args.exit_layer, block=args.block, head_vocab=args.head_vocab,
         feature_weight=args.feature_weight, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        ttt_steps=args.ttt_steps,
     )  # fmt: skip
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,76 +161,38 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     target.model.to(device)
     net = NativeLlama(target.model)
     train = read_seqkd(Path(args.data), "train")
-    held = shuffled(read_seqkd(Path(args.data), "heldout"), args.seed)[: args.eval_rows]
-    vocab = target.output_vocab_size
-    eos = [int(t) for t in target.eos_token_ids if t < vocab]
-    head_ids = rank_tokens((r.response for r in train), always=eos)[: args.head_vocab] if args.head_vocab else None
-    if head_ids is not None and head_ids.numel() < args.head_vocab:  # fill with unseen ids, lowest first
-        seen = set(head_ids.tolist())
-        rest = [i for i in range(vocab) if i not in seen][: args.head_vocab - head_ids.numel()]
-        head_ids = torch.cat([head_ids, torch.tensor(rest, dtype=torch.long)])
-    ids = head_ids.to(device) if head_ids is not None else torch.arange(vocab, device=device)
-    embed, full_head = net.embed.detach(), net.head[:vocab].detach()  # frozen
-    sub_head = full_head[ids]
-    layer = cfg.exit_layer if "kangaroo" in kinds else None
-    evals = [
-        target_batch(net, held[i : i + cfg.batch_size], cfg.max_len, layer) for i in range(0, len(held), cfg.batch_size)
-    ]
-    modules = {k: new_module(k, target.model, cfg).to(device) for k in kinds}
-    optims = {
-        k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0) for k, m in modules.items()
-    }
-    ckpt_path, step, history = out / "checkpoint.pt", 0, []
-    report_path = out / "report.json"
+    held_all = shuffled(read_seqkd(Path(args.data), "heldout"), args.seed)
+    half = (args.eval_rows + 1) // 2  # as many sampled rows as greedy ones: greedy loops flatter a draft
+    held = [r for r in held_all if r.mode == "greedy"][:half] + [r for r in held_all if r.mode == "sample"][:half]
+    inits = [_read_init(Path(folder), target, kinds) for folder in args.init]
+    head_ids = _head_ids(train, target, args.head_vocab) if not inits else inits[0][2]
+    if any(not _same(i[2], head_ids) for i in inits):
+        raise QuickdraftError("--init: the modules restrict the LM head to different ids; start them in separate runs")
+    ids = head_ids.to(device) if head_ids is not None else torch.arange(target.output_vocab_size, device=device)
+    store = Path(args.store) if args.store else out / "store"
+    run = TrainRun(cfg, out, store, net, target, train, held, ids, device, args.decode_prompts)
+    ckpt_path, report_path = out / "checkpoint.pt", out / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    if ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location=device)
-        if not set(state["modules"]) <= set(kinds):
-            raise QuickdraftError(
-                f"{ckpt_path} trains {sorted(state['modules'])}, not {list(kinds)}: use another --output"
-            )
-        for k in state["modules"]:  # a kind added on resume starts fresh, trained from this step on
-            modules[k].load_state_dict(state["modules"][k])
-            optims[k].load_state_dict(state["optims"][k])
-        step, history = int(state["step"]), state["history"]
-        print(f"resuming {out} at step {step}/{cfg.steps}", file=sys.stderr)
-    report.setdefault("before", {})
-    report.setdefault("started_at", {})
-    for k in kinds:
-        if k not in report["before"]:
-            report["before"][k] = evaluate(modules[k], k, evals, embed, full_head, ids)
-            report["started_at"][k] = step
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-    from tqdm import tqdm
-
-    bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress, desc="train-draft", unit="step")
-    started, tokens = time.perf_counter(), 0
-    while step < cfg.steps:
-        batch = target_batch(net, batch_rows(train, step, cfg.batch_size, cfg.seed), cfg.max_len, layer)
-        tokens += sum(batch.lengths)
-        row = {"step": step + 1}
+    if run.resume(ckpt_path):
+        print(f"resuming {out} at step {run.step}/{cfg.steps}", file=sys.stderr)
+    else:
+        for kind, module, _ in inits:
+            run.modules[kind].load_state_dict({n: v.float() for n, v in module.state_dict().items()})
+    if "before" not in report or set(report.get("started_at", {})) != set(kinds):
+        first = run.evaluate()
+        report.setdefault("before", {})
+        report.setdefault("started_at", {})
         for k in kinds:
-            for group in optims[k].param_groups:
-                group["lr"] = lr_at(step, cfg)
-            with torch.autocast(device_type=device, dtype=torch.bfloat16):
-                loss, stats = train_loss(modules[k], k, batch, embed, sub_head, cfg.feature_weight)
-            optims[k].zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(modules[k].parameters(), 1.0)
-            optims[k].step()
-            row.update({f"{k}_{name}": round(v, 4) for name, v in stats.items()})
-        history.append(row)
-        step += 1
-        bar.update(1)
-        bar.set_postfix({n: v for n, v in row.items() if n.endswith("agree")})
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            save_checkpoint(ckpt_path, step, modules, optims, history)
-    bar.close()
-    after = {k: evaluate(modules[k], k, evals, embed, full_head, ids) for k in kinds}
-    prompts = [list(r.prompt) for r in held[: args.decode_prompts]]
-    for k in kinds:  # tokens per target forward, decoding held-out prompts with the trained module
-        after[k]["decode"] = decode_eval(modules[k], k, target, head_ids, prompts)
+            report["before"].setdefault(k, first[k])
+            report["started_at"].setdefault(k, run.step)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    started = time.perf_counter()
+    run.run(args.eval_every, ckpt_path, not args.no_progress)
+    after = run.evaluate()
     seconds = time.perf_counter() - started
+    sessions = report.get("sessions", []) + [
+        {"steps_to": run.step, "seconds": round(seconds, 1), "device": device, "throughput": run.speed.report()}
+    ]
     for k in kinds:
         meta = {
             "target": target.name,
@@ -225,24 +200,55 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             "train_rows": len(train),
             "steps": cfg.steps - report["started_at"].get(k, 0),
             "rows_seen": (cfg.steps - report["started_at"].get(k, 0)) * cfg.batch_size,
-            "heldout_rows": len(held),
+            "positions_seen": run.positions,
+            "init": [str(Path(f).resolve()) for f in args.init],
+            "heldout_rows": {mode: sum(len(b.lengths) for b in bs) for mode, bs in run.evals.items()},
             "heldout_before": report["before"][k],
             "heldout_after": after[k],
             "train_config": {n: v for n, v in asdict(cfg).items() if n != "extra"},
             "device": device,
+            "sessions": sessions,
             "torch": torch.__version__,
             "date": datetime.date.today().isoformat(),
             "command": "quickdraft " + shlex.join(sys.argv[1:]),
-        }
-        export(out / k, modules[k], head_ids, meta)
-    report.update({"after": after, "history": history, "last_session_seconds": round(seconds, 1)})
+        }  # fmt: skip
+        export(out / k, run.modules[k], head_ids, meta)
+    report.update({"after": after, "history": run.history, "sessions": sessions})
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     for k in kinds:
-        b, a = report["before"][k], after[k]
-        print(
-            f"{k}: held-out greedy agreement {b['greedy_agreement']:.3f} -> {a['greedy_agreement']:.3f}, "
-            f"expected acceptance (T=1) {b['expected_acceptance_t1']:.3f} -> {a['expected_acceptance_t1']:.3f}; "
-            f"tokens per target forward {a['decode']['tokens_per_target_forward']:.2f}; "
-            f"saved {out / k}"
-        )
+        print(f"{k}: held-out {_summary(after[k])} (before: {_summary(report['before'][k])}); saved {out / k}")
+    print(f"throughput: {run.speed.report()}; evaluations: {out / 'eval.jsonl'}, {out / 'eval.png'}")
     return 0
+
+
+def _read_init(folder: Path, target, kinds: tuple[str, ...]):
+    """(kind, module, head ids) of a trained module's folder, for `--init`."""
+    from quickdraft.models.draft_heads import load_draft_head
+
+    meta = folder / HEAD_META
+    kind = json.loads(meta.read_text())["config"]["kind"] if meta.is_file() else None
+    if kind is None:
+        raise QuickdraftError(f"--init {folder}: no trained draft module there ({HEAD_META})")
+    if kind not in kinds:
+        raise QuickdraftError(f"--init {folder}: a {kind} module, but --kind is {','.join(kinds)}")
+    module, head_ids, _ = load_draft_head(folder, DRAFTER_KINDS[kind].module, target.model, torch.float32)
+    return kind, module, head_ids
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _head_ids(train, target, head_vocab: int) -> torch.Tensor | None:
+    """The restricted LM head's ids: the K most frequent response ids (EOS always), topped up with
+    unseen ids, lowest first; None for the full vocabulary."""
+    if not head_vocab:
+        return None
+    vocab = target.output_vocab_size
+    eos = [int(t) for t in target.eos_token_ids if t < vocab]
+    head_ids = rank_tokens((r.response for r in train), always=eos)[:head_vocab]
+    if head_ids.numel() < head_vocab:
+        seen = set(head_ids.tolist())
+        rest = [i for i in range(vocab) if i not in seen][: head_vocab - head_ids.numel()]
+        head_ids = torch.cat([head_ids, torch.tensor(rest, dtype=torch.long)])
+    return head_ids

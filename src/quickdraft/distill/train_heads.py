@@ -1,13 +1,17 @@
-"""Train Kangaroo adapters and EAGLE-style feature heads on the SeqKD corpus (`quickdraft train-draft`).
+"""Train Kangaroo adapters, EAGLE-style feature heads and SpecDec block drafters on the SeqKD corpus
+(`quickdraft train-draft`).
 
-One frozen target pass per batch (the native forward, exactly as at inference) yields both the
-exit-layer states (Kangaroo's input) and the final-normed features (the head's input and target);
-every requested module then takes one AdamW step on it:
+The frozen target's states of each corpus window (the native forward, exactly as at inference: the
+exit-layer states, Kangaroo's input, and the final-normed features, the head's input and target)
+are computed once into a memory-mapped store (`feature_store.py`) and read back every later epoch;
+every requested module then takes one AdamW step on a batch:
 
 - kangaroo: soft cross-entropy of q = softmax(head(adapter(h_l))) against p = the target's
   distribution at the same position (= forward KL(p||q) + const), as the paper trains it;
 - head: the same against the target's distribution one position ahead, plus EAGLE's feature
-  regression (smooth L1 between the predicted and the true next feature).
+  regression (smooth L1 between the predicted and the true next feature); with `ttt_steps` n > 1
+  the head is unrolled n steps on its own predicted features, as it drafts (EAGLE-3's
+  "training-time test"), and the losses of every step are averaged.
 
 p and q live on the restricted head's K ids (the drafter drafts from those K rows only); held-out
 evaluation scores q against the target's full distribution. Runs checkpoint every N steps and resume.
@@ -23,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quickdraft.distill.seqkd import Row, response_mask, window
+from quickdraft.distill.feature_store import FEATURES, Batch
+from quickdraft.distill.seqkd import response_mask
 from quickdraft.drafters.kinds import KINDS
 from quickdraft.models.draft_heads import DraftHeadConfig, init_from_target
 from quickdraft.models.native import NativeLlama
@@ -45,57 +50,70 @@ class HeadTrainingConfig:
     feature_weight: float = 1.0
     checkpoint_every: int = 50
     seed: int = 0
+    ttt_steps: int = 1
     extra: dict = field(default_factory=dict)
 
 
-@dataclass
-class Batch:
-    """Padded target states of B corpus windows: ids (B, T), feats and shallow (B, T, H)."""
-
-    ids: torch.Tensor
-    lengths: list[int]
-    prompt_lens: list[int]
-    feats: torch.Tensor
-    shallow: torch.Tensor | None
-
-
 @torch.no_grad()
-def target_batch(net: NativeLlama, rows: list[Row], max_len: int, exit_layer: int | None) -> Batch:
-    """Run the frozen target on each row's window (one sequence at a time, the inference forward)."""
-    windows = [window(r, max_len) for r in rows]
-    width = max(len(ids) for ids, _ in windows)
-    hidden = net.embed.shape[1]
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    feats = torch.zeros(len(rows), width, hidden, dtype=net.dtype)
-    shallow = None if exit_layer is None else torch.zeros_like(feats)
-    cache = net.new_cache(width)
-    for b, (seq, _) in enumerate(windows):
-        x = torch.tensor(seq, dtype=torch.long, device=net.device)
-        out, kept = net.forward(cache, 0, x, keep_hidden=() if exit_layer is None else (exit_layer,))
-        ids[b, : len(seq)] = x.cpu()
-        feats[b, : len(seq)] = out.cpu()
-        if shallow is not None:
-            shallow[b, : len(seq)] = kept[exit_layer].cpu()
-    return Batch(ids, [len(s) for s, _ in windows], [p for _, p in windows], feats, shallow)
+def target_states(net: NativeLlama, ids: list[int], exit_layer: int | None) -> dict:
+    """The frozen target over one window (the inference forward): {FEATURES: (T, H) final-normed
+    features, exit_layer: (T, H) the states entering it}."""
+    x = torch.tensor(ids, dtype=torch.long, device=net.device)
+    out, kept = net.forward(net.new_cache(len(ids)), 0, x, keep_hidden=() if exit_layer is None else (exit_layer,))
+    return {FEATURES: out, **({} if exit_layer is None else {exit_layer: kept[exit_layer]})}
 
 
-def module_logits(module, kind: str, batch: Batch, embed: torch.Tensor, head: torch.Tensor):
-    """(logits (B, T', K) of q, aligned target features (B, T', H), mask (B, T'), predicted features)."""
+def module_logits(module, kind: str, batch: Batch, embed: torch.Tensor, head: torch.Tensor, steps: int = 1):
+    """[(logits (B, T', K) of q, aligned target features (B, T', H), mask (B, T'), predicted
+    features)], one entry per unrolled step (`steps` > 1: the head only)."""
     width = batch.ids.shape[1]
     dev, dtype = head.device, next(module.parameters()).dtype
     if kind == "kangaroo":
         positions = torch.arange(width, device=dev)
         z = module(batch.shallow.to(dev, dtype), positions)
         logits = F.linear(z, head.to(z.dtype))
-        return logits, batch.feats.to(dev), response_mask(batch.lengths, batch.prompt_lens, width), z
+        return [(logits, batch.feats.to(dev), response_mask(batch.lengths, batch.prompt_lens, width), z)]
     if kind == "specdec":
-        return block_logits(module, batch, embed, head, dtype)
-    # head: input (f_t, x_{t+1}) predicts f_{t+1}, whose distribution is over x_{t+2}
-    positions = torch.arange(width - 1, device=dev)
-    feats = batch.feats.to(dev)
-    pred = module(feats[:, :-1].to(dtype), embed[batch.ids[:, 1:].to(dev)].to(dtype), positions)
-    mask = response_mask(batch.lengths, batch.prompt_lens, width - 1, shift=1)
-    return F.linear(pred, head.to(pred.dtype)), feats[:, 1:], mask, pred
+        return [block_logits(module, batch, embed, head, dtype)]
+    return head_steps(module, batch, embed, head, steps)
+
+
+def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
+    """(steps*n, steps*n) bool attention of an unrolled head: block a holds step a+1's rows, row t
+    of each block continuing origin t. A step-(a+1) row sees the true rows 0..t (step 1, causal)
+    and its own origin's rows of steps 2..a+1: exactly what a drafting step sees in the head's
+    cache (the committed rows, then its own draft rows)."""
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    mask = torch.zeros(steps * n, steps * n, dtype=torch.bool, device=device)
+    for a in range(steps):
+        mask[a * n : (a + 1) * n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        for b in range(1, a + 1):
+            mask[a * n : (a + 1) * n, b * n : (b + 1) * n] = eye
+    return mask
+
+
+def head_steps(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, steps: int) -> list:
+    """The head teacher-forced on true features (step 1: input (f_t, x_{t+1}) at position t predicts
+    f_{t+1}, the distribution of x_{t+2}), then unrolled on its own predictions (step j: input
+    (predicted f_{t+j-1}, x_{t+j}) at position t+j-1 predicts f_{t+j}). Every step's block runs
+    over the rows of all steps so far under `unrolled_mask` (earlier steps' rows are recomputed:
+    the block stays the inference block)."""
+    width = batch.ids.shape[1]
+    n, dev, dtype = width - 1, head.device, next(module.parameters()).dtype
+    feats, ids = batch.feats.to(dev), batch.ids.to(dev)
+    origin = torch.arange(n, device=dev)
+    fused: list[torch.Tensor] = []
+    out, prev = [], feats[:, :-1].to(dtype)
+    for j in range(1, steps + 1):
+        at = (origin + j).clamp(max=width - 1)  # past the window: masked
+        fused.append(module.fuse(torch.cat((prev, embed[ids[:, at]].to(dtype)), -1)))
+        positions = torch.cat([origin + i for i in range(j)])
+        mask = None if j == 1 else unrolled_mask(n, j, dev)[None, None]
+        pred = module.block(torch.cat(fused, 1), positions, None, mask)[:, -n:]
+        valid = response_mask(batch.lengths, batch.prompt_lens, n, shift=j) & (origin.cpu() + j < width)
+        out.append((F.linear(pred, head.to(pred.dtype)), feats[:, at], valid, pred))
+        prev = pred
+    return out
 
 
 def block_logits(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, dtype, cuts: int = 8):
@@ -131,42 +149,56 @@ def block_logits(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, 
     return F.linear(q_out, head.to(q_out.dtype)), feats[:, target_pos], full[:, target_pos.cpu()], None
 
 
-def train_loss(module, kind: str, batch: Batch, embed, head, feature_weight: float) -> tuple[torch.Tensor, dict]:
-    """Soft cross-entropy against the target's restricted p (+ feature regression for the head)."""
-    logits, target_feats, mask, pred = module_logits(module, kind, batch, embed, head)
-    mask = mask.to(logits.device)
-    with torch.no_grad():
-        p = F.softmax(F.linear(target_feats, head).float(), dim=-1)
-    logq = F.log_softmax(logits.float(), dim=-1)
-    ce = -(p * logq).sum(-1)
-    loss = (ce * mask).sum() / mask.sum()
-    stats = {"ce": float(loss.detach())}
-    if kind == "head":  # EAGLE's feature regression (the block drafter predicts no features)
-        reg = F.smooth_l1_loss(pred.float(), target_feats.float(), reduction="none").mean(-1)
-        reg = (reg * mask).sum() / mask.sum()
-        loss = loss + feature_weight * reg
-        stats["feat"] = float(reg.detach())
-    agree = (logits.argmax(-1) == p.argmax(-1)) & mask
-    stats["agree"] = float(agree.sum() / mask.sum())
-    return loss, stats
+def train_loss(
+    module, kind: str, batch: Batch, embed, head, feature_weight: float, steps: int = 1
+) -> tuple[torch.Tensor, dict]:
+    """Soft cross-entropy against the target's restricted p (+ feature regression for the head),
+    averaged over the unrolled steps; stats name step j's figures with the suffix j (j > 1)."""
+    total, stats = 0.0, {}
+    outputs = module_logits(module, kind, batch, embed, head, steps)
+    for j, (logits, target_feats, mask, pred) in enumerate(outputs, start=1):
+        mask = mask.to(logits.device)
+        count = mask.sum().clamp(min=1)
+        with torch.no_grad():
+            p = F.softmax(F.linear(target_feats, head).float(), dim=-1)
+        ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+        loss = (ce * mask).sum() / count
+        tag = "" if j == 1 else str(j)
+        stats["ce" + tag] = float(loss.detach())
+        if kind == "head":  # EAGLE's feature regression (the block drafter predicts no features)
+            reg = F.smooth_l1_loss(pred.float(), target_feats.float(), reduction="none").mean(-1)
+            reg = (reg * mask).sum() / count
+            loss = loss + feature_weight * reg
+            stats["feat" + tag] = float(reg.detach())
+        stats["agree" + tag] = float(((logits.argmax(-1) == p.argmax(-1)) & mask).sum() / count)
+        total = total + loss
+    return total / len(outputs), stats
 
 
 @torch.no_grad()
-def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids) -> dict:
+def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids, steps: int = 1) -> dict:
     """Held-out, teacher-forced (the block drafter: its queries at random cuts): greedy agreement
     with the target's full-vocabulary argmax and expected acceptance sum_v min(p, q) at T=1 (q is
-    zero off the restricted ids)."""
-    agree = accept = count = 0.0
+    zero off the restricted ids). With `steps` > 1 (the head) also step j's agreement when it runs
+    on its own predicted features (`greedy_agreement_j`): on greedy rows, the chance that drafted
+    token j is accepted given the ones before it were."""
+    agree, accept, count = [0.0] * steps, 0.0, [0.0] * steps
     sub = full_head[head_ids]
-    torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions before and after
-    for batch in batches:
-        logits, target_feats, mask, _ = module_logits(module, kind, batch, embed, sub)
-        p = F.softmax(F.linear(target_feats, full_head).float(), dim=-1)  # (B, T', V)
-        q_sub = F.softmax(logits.float(), dim=-1)
-        accept += float((torch.minimum(p[..., head_ids], q_sub).sum(-1) * mask).sum())
-        agree += float(((head_ids[logits.argmax(-1)] == p.argmax(-1)) & mask).sum())
-        count += float(mask.sum())
-    return {"greedy_agreement": agree / count, "expected_acceptance_t1": accept / count, "positions": int(count)}
+    with torch.random.fork_rng(devices=[]):  # training's RNG stream is left as it was
+        torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions at every eval
+        for batch in batches:
+            outputs = module_logits(module, kind, batch, embed, sub, steps if kind == "head" else 1)
+            for j, (logits, target_feats, mask, _) in enumerate(outputs):
+                mask = mask.to(logits.device)
+                p = F.softmax(F.linear(target_feats, full_head).float(), dim=-1)  # (B, T', V)
+                if j == 0:
+                    q_sub = F.softmax(logits.float(), dim=-1)
+                    accept += float((torch.minimum(p[..., head_ids], q_sub).sum(-1) * mask).sum())
+                agree[j] += float(((head_ids[logits.argmax(-1)] == p.argmax(-1)) & mask).sum())
+                count[j] += float(mask.sum())
+    out = {"greedy_agreement": agree[0] / count[0], "expected_acceptance_t1": accept / count[0]}
+    out.update({f"greedy_agreement_{j + 1}": agree[j] / count[j] for j in range(1, steps) if count[j]})
+    return {**out, "positions": int(count[0])}
 
 
 def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], max_new_tokens: int = 48) -> dict:
@@ -191,15 +223,19 @@ def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], m
     config = options_from({"method": "sd", "drafter": kind, "draft_length": record.decode_length})
     engine = Engine(target, config, drafter=drafter)
     tokens = forwards = drafted = accepted = 0
+    acc, dra = [0] * record.decode_length, [0] * record.decode_length  # accepted, drafted by position
     for ids in prompts:
         stats = engine.generate_ids(ids, SamplingConfig(temperature=0.0), StopConfig(max_new_tokens)).stats
         tokens += stats.num_new_tokens
         forwards += stats.num_target_forwards
         drafted += stats.num_draft_tokens
         accepted += stats.num_accepted_draft_tokens
+        for i, (a, d) in enumerate(zip(stats.accepted_per_position, stats.drafted_per_position, strict=True)):
+            acc[i], dra[i] = acc[i] + a, dra[i] + d
     return {
         "tokens_per_target_forward": tokens / max(1, forwards),
         "draft_acceptance": accepted / max(1, drafted),
+        "acceptance_by_position": [round(a / d, 4) if d else None for a, d in zip(acc, dra, strict=True)],
         "draft_length": record.decode_length,
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -222,24 +258,38 @@ def lr_at(step: int, cfg: HeadTrainingConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def batch_rows(rows: list[Row], step: int, batch_size: int, seed: int) -> list[Row]:
-    """The rows of training step `step` (a fixed shuffled order per pass, so a resumed run sees the
-    same data it would have seen)."""
+def batch_indices(count: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """The window indices of training step `step` (a fixed shuffled order per pass over `count`
+    windows, so a resumed run sees the same data it would have seen)."""
     start = step * batch_size
-    epoch, offset = divmod(start, len(rows))
-    order = list(range(len(rows)))
+    epoch, offset = divmod(start, count)
+    order = list(range(count))
     random.Random(seed * 1000 + epoch).shuffle(order)
-    picked = [order[(offset + i) % len(rows)] for i in range(batch_size)]
-    return [rows[i] for i in picked]
+    return [order[(offset + i) % count] for i in range(batch_size)]
 
 
-def save_checkpoint(path: Path, step: int, modules: dict, optims: dict, history: list) -> None:
+def save_checkpoint(
+    path: Path, step: int, modules: dict, optims: dict, history: list, extra: dict | None = None
+) -> None:
+    """Everything a run needs to go on at `step` exactly: the modules, their optimizers, the history,
+    the RNG streams (the block drafter's cuts) and `extra` (e.g. positions seen); written atomically."""
     state = {
         "step": step,
         "modules": {k: m.state_dict() for k, m in modules.items()},
         "optims": {k: o.state_dict() for k, o in optims.items()},
         "history": history,
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        **(extra or {}),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)
+
+
+def restore_rng(state: dict) -> None:
+    """Put back the RNG streams a checkpoint saved (older checkpoints have none)."""
+    if state.get("rng") is not None:
+        torch.set_rng_state(state["rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
