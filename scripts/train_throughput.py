@@ -68,7 +68,7 @@ def main() -> None:
     layer = cfg.exit_layer if args.kind == "kangaroo" else None
     windows = [window(r, args.max_len) for r in read_seqkd(Path(args.data), "train")]
     meta = {"target": target.name, "dtype": str(net.dtype), "max_len": args.max_len, "exit_layer": layer}
-    store = FeatureStore(Path(args.store), windows, int(net.embed.shape[1]), layer, meta)
+    store = FeatureStore(Path(args.store) / "train", windows, int(net.embed.shape[1]), layer, meta)  # as train-draft
     embed = net.embed.detach()
     head = net.head[: min(8192, target.output_vocab_size)].detach()  # a restricted head's size
     batches = [batch_indices(len(windows), s, args.batch_size, 0) for s in range(args.steps)]

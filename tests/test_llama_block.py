@@ -46,6 +46,20 @@ def test_a_draft_block_is_the_native_targets_layer():
     assert torch.allclose(torch.cat([head, *rows], dim=1)[0], want, atol=1e-12)
 
 
+def test_selected_rows_are_the_rows_of_the_full_forward():
+    """Training computes only the scored rows (`rows`): the other rows still give keys and values,
+    so the selected outputs equal the full forward's at those rows."""
+    _, block = _target_and_block()
+    torch.manual_seed(1)
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    rows = torch.rand(2, 9) < 0.5
+    full = block(x, torch.arange(9))
+    picked = block(x, torch.arange(9), rows=rows)
+    assert picked.shape == (int(rows.sum()), 32) and torch.allclose(picked, full[rows], atol=1e-12)
+    with pytest.raises(ValueError, match="cache-free"):
+        block(x[:1], torch.arange(9), block_cache(block.cfg, torch.float64, "cpu"), rows=rows[:1])
+
+
 def test_a_tree_mask_over_the_cache_matches_the_chain_it_selects():
     target, block = _target_and_block(layer=0)
     torch.manual_seed(1)

@@ -63,19 +63,21 @@ def target_states(net: NativeLlama, ids: list[int], exit_layer: int | None) -> d
     return {FEATURES: out, **({} if exit_layer is None else {exit_layer: kept[exit_layer]})}
 
 
-def module_logits(module, kind: str, batch: Batch, embed: torch.Tensor, head: torch.Tensor, steps: int = 1):
-    """[(logits (B, T', K) of q, aligned target features (B, T', H), mask (B, T'), predicted
-    features)], one entry per unrolled step (`steps` > 1: the head only)."""
+def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
+    """[(the module's states that the LM head reads (N, H), the target's features there (N, H))] at
+    the N scored positions, one entry per unrolled step (`steps` > 1: the head only; its states are
+    its predicted features). Rows that are not scored give keys and values only: the block's
+    output projection, MLP and the LM head never run on them."""
     width = batch.ids.shape[1]
-    dev, dtype = head.device, next(module.parameters()).dtype
+    dev, dtype = embed.device, next(module.parameters()).dtype
+    feats = batch.feats.to(dev)
     if kind == "kangaroo":
-        positions = torch.arange(width, device=dev)
-        z = module(batch.shallow.to(dev, dtype), positions)
-        logits = F.linear(z, head.to(z.dtype))
-        return [(logits, batch.feats.to(dev), response_mask(batch.lengths, batch.prompt_lens, width), z)]
+        mask = response_mask(batch.lengths, batch.prompt_lens, width).to(dev)
+        z = module(batch.shallow.to(dev, dtype), torch.arange(width, device=dev), rows=mask)
+        return [(z, feats[mask])]
     if kind == "specdec":
-        return [block_logits(module, batch, embed, head, dtype)]
-    return head_steps(module, batch, embed, head, steps)
+        return [block_states(module, batch, embed, dtype)]
+    return head_steps(module, batch, embed, steps)
 
 
 def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
@@ -92,37 +94,45 @@ def unrolled_mask(n: int, steps: int, device=None) -> torch.Tensor:
     return mask
 
 
-def head_steps(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, steps: int) -> list:
+def head_steps(module, batch: Batch, embed: torch.Tensor, steps: int) -> list:
     """The head teacher-forced on true features (step 1: input (f_t, x_{t+1}) at position t predicts
     f_{t+1}, the distribution of x_{t+2}), then unrolled on its own predictions (step j: input
     (predicted f_{t+j-1}, x_{t+j}) at position t+j-1 predicts f_{t+j}). Every step's block runs
-    over the rows of all steps so far under `unrolled_mask` (earlier steps' rows are recomputed:
-    the block stays the inference block)."""
+    over the rows of all steps so far under `unrolled_mask` (the block stays the inference block);
+    earlier steps' rows give keys and values only. Returns `module_states`'s list, rows of each
+    step in (batch, origin) order."""
     width = batch.ids.shape[1]
-    n, dev, dtype = width - 1, head.device, next(module.parameters()).dtype
+    n, dev, dtype = width - 1, embed.device, next(module.parameters()).dtype
     feats, ids = batch.feats.to(dev), batch.ids.to(dev)
-    origin = torch.arange(n, device=dev)
+    batch_size, origin = ids.shape[0], torch.arange(n, device=dev)
     fused: list[torch.Tensor] = []
     out, prev = [], feats[:, :-1].to(dtype)
     for j in range(1, steps + 1):
-        at = (origin + j).clamp(max=width - 1)  # past the window: masked
+        at = (origin + j).clamp(max=width - 1)  # past the window: never scored
         fused.append(module.fuse(torch.cat((prev, embed[ids[:, at]].to(dtype)), -1)))
+        valid = response_mask(batch.lengths, batch.prompt_lens, n, shift=j).to(dev)  # (B, n)
+        last = torch.zeros(batch_size, j * n, dtype=torch.bool, device=dev)
+        last[:, -n:] = valid if j == steps else True  # the next step reads every origin of this one
         positions = torch.cat([origin + i for i in range(j)])
         mask = None if j == 1 else unrolled_mask(n, j, dev)[None, None]
-        pred = module.block(torch.cat(fused, 1), positions, None, mask)[:, -n:]
-        valid = response_mask(batch.lengths, batch.prompt_lens, n, shift=j) & (origin.cpu() + j < width)
-        out.append((F.linear(pred, head.to(pred.dtype)), feats[:, at], valid, pred))
-        prev = pred
+        pred = module.block(torch.cat(fused, 1), positions, None, mask, rows=last)
+        target = feats[:, at][valid]
+        if j < steps:
+            pred = pred.view(batch_size, n, -1)
+            out.append((pred[valid], target))
+            prev = pred
+        else:
+            out.append((pred, target))
     return out
 
 
-def block_logits(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, dtype, cuts: int = 8):
+def block_states(module, batch: Batch, embed: torch.Tensor, dtype, cuts: int = 8):
     """SpecDec's block drafter, teacher-forced: prefix rows as the feature head's, and after `cuts`
     shared cut points t, `block` mask queries that see prefix rows <= t and their own cut's queries
     (bidirectionally). Query j of cut t drafts x_{t+2+j}, whose target distribution is the one at
-    position t+1+j. Returns the same 4-tuple as `module_logits` (no predicted features)."""
+    position t+1+j. Returns `module_states`'s pair (the scored queries' states)."""
     width, k = batch.ids.shape[1], module.cfg.block
-    dev = head.device
+    dev = embed.device
     feats = batch.feats.to(dev)
     prefix = module.fuse(torch.cat((feats[:, :-1].to(dtype), embed[batch.ids[:, 1:].to(dev)].to(dtype)), -1))
     n = width - 1  # prefix rows t = 0..n-1
@@ -140,13 +150,13 @@ def block_logits(module, batch: Batch, embed: torch.Tensor, head: torch.Tensor, 
     queries = (
         module.queries.to(dtype)[None].expand(cuts, k, -1).reshape(1, cuts * k, -1).expand(prefix.shape[0], -1, -1)
     )
-    out = module.block(
-        torch.cat((prefix, queries), 1), torch.tensor(positions, device=dev), None, mask.to(dev)[None, None]
-    )
-    q_out = out[:, n:]  # (B, cuts*k, H)
     target_pos = torch.tensor([t + 1 + j for t in ts for j in range(k)], device=dev)
-    full = response_mask(batch.lengths, batch.prompt_lens, width)  # (B, width)
-    return F.linear(q_out, head.to(q_out.dtype)), feats[:, target_pos], full[:, target_pos.cpu()], None
+    scored = response_mask(batch.lengths, batch.prompt_lens, width)[:, target_pos.cpu()].to(dev)  # (B, cuts*k)
+    keep = torch.cat((torch.zeros(len(scored), n, dtype=torch.bool, device=dev), scored), 1)
+    out = module.block(
+        torch.cat((prefix, queries), 1), torch.tensor(positions, device=dev), None, mask.to(dev)[None, None], keep
+    )
+    return out, feats[:, target_pos][scored]
 
 
 def train_loss(
@@ -155,22 +165,22 @@ def train_loss(
     """Soft cross-entropy against the target's restricted p (+ feature regression for the head),
     averaged over the unrolled steps; stats name step j's figures with the suffix j (j > 1)."""
     total, stats = 0.0, {}
-    outputs = module_logits(module, kind, batch, embed, head, steps)
-    for j, (logits, target_feats, mask, pred) in enumerate(outputs, start=1):
-        mask = mask.to(logits.device)
-        count = mask.sum().clamp(min=1)
-        with torch.no_grad():
-            p = F.softmax(F.linear(target_feats, head).float(), dim=-1)
-        ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-        loss = (ce * mask).sum() / count
+    outputs = module_states(module, kind, batch, embed, steps)
+    for j, (rows, target) in enumerate(outputs, start=1):
+        if not len(rows):
+            continue
+        logits = F.linear(rows, head.to(rows.dtype))  # (N, K)
+        p = F.softmax(F.linear(target, head.to(target.dtype)).float(), dim=-1)
+        logq = F.log_softmax(logits.float(), dim=-1)
+        loss = -(p * logq).sum(-1).mean()
         tag = "" if j == 1 else str(j)
         stats["ce" + tag] = float(loss.detach())
         if kind == "head":  # EAGLE's feature regression (the block drafter predicts no features)
-            reg = F.smooth_l1_loss(pred.float(), target_feats.float(), reduction="none").mean(-1)
-            reg = (reg * mask).sum() / count
+            reg = F.smooth_l1_loss(rows.float(), target.float())
             loss = loss + feature_weight * reg
             stats["feat" + tag] = float(reg.detach())
-        stats["agree" + tag] = float(((logits.argmax(-1) == p.argmax(-1)) & mask).sum() / count)
+        with torch.no_grad():  # argmax in float32 (bf16's is 2.5x slower on CPU)
+            stats["agree" + tag] = float((logq.argmax(-1) == p.argmax(-1)).float().mean())
         total = total + loss
     return total / len(outputs), stats
 
@@ -187,15 +197,16 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     with torch.random.fork_rng(devices=[]):  # training's RNG stream is left as it was
         torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions at every eval
         for batch in batches:
-            outputs = module_logits(module, kind, batch, embed, sub, steps if kind == "head" else 1)
-            for j, (logits, target_feats, mask, _) in enumerate(outputs):
-                mask = mask.to(logits.device)
-                p = F.softmax(F.linear(target_feats, full_head).float(), dim=-1)  # (B, T', V)
+            outputs = module_states(module, kind, batch, embed, steps if kind == "head" else 1)
+            for j, (rows, target) in enumerate(outputs):
+                logits = F.linear(rows, sub.to(rows.dtype))  # (N, K)
+                target_logits = F.linear(target, full_head)  # (N, V)
                 if j == 0:
+                    p = F.softmax(target_logits.float(), dim=-1)
                     q_sub = F.softmax(logits.float(), dim=-1)
-                    accept += float((torch.minimum(p[..., head_ids], q_sub).sum(-1) * mask).sum())
-                agree[j] += float(((head_ids[logits.argmax(-1)] == p.argmax(-1)) & mask).sum())
-                count[j] += float(mask.sum())
+                    accept += float(torch.minimum(p[:, head_ids], q_sub).sum())
+                agree[j] += float((head_ids[logits.argmax(-1)] == target_logits.argmax(-1)).sum())
+                count[j] += float(len(logits))
     out = {"greedy_agreement": agree[0] / count[0], "expected_acceptance_t1": accept / count[0]}
     out.update({f"greedy_agreement_{j + 1}": agree[j] / count[j] for j in range(1, steps) if count[j]})
     return {**out, "positions": int(count[0])}

@@ -37,15 +37,20 @@ from quickdraft.errors import QuickdraftError
 @dataclass
 class Throughput:
     """Scored positions and seconds of training steps, split by whether the step had to run the
-    target (windows not yet in the store: the first pass) or read them all back."""
+    target (windows not yet in the store: the first pass) or read them all back; `fill_s` is the
+    target's share (running it and writing the store), `train_s` the modules' (what equal-compute
+    comparisons count)."""
 
     first_positions: int = 0
     first_s: float = 0.0
     cached_positions: int = 0
     cached_s: float = 0.0
+    fill_s: float = 0.0
+    train_s: float = 0.0
 
-    def add(self, positions: int, seconds: float, computed: bool) -> None:
-        if computed:
+    def add(self, positions: int, seconds: float, fill_s: float) -> None:
+        self.fill_s, self.train_s = self.fill_s + fill_s, self.train_s + seconds - fill_s
+        if fill_s > 0:
             self.first_positions, self.first_s = self.first_positions + positions, self.first_s + seconds
         else:
             self.cached_positions, self.cached_s = self.cached_positions + positions, self.cached_s + seconds
@@ -125,6 +130,7 @@ class TrainRun:
         start = time.perf_counter()
         picked = batch_indices(len(self.train), self.step, cfg.batch_size, cfg.seed)
         computed = self.train.fill(picked, self.compute)
+        fill_s = time.perf_counter() - start if computed else 0.0
         batch = self.train.batch(picked)
         positions = scored_positions(batch.lengths, batch.prompt_lens)
         row: dict = {"step": self.step + 1}
@@ -141,8 +147,9 @@ class TrainRun:
             row.update({f"{k}_{name}": round(v, 4) for name, v in stats.items()})
         self.step += 1
         self.positions += positions
-        self.speed.add(positions, time.perf_counter() - start, computed > 0)
+        self.speed.add(positions, time.perf_counter() - start, fill_s)
         row["positions"] = self.positions
+        row["train_s"] = round(self.speed.train_s, 2)  # cumulative, this session
         self.history.append(row)
         return row
 

@@ -119,16 +119,24 @@ class DraftBlock(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, T, H) rows at `positions` (T,), causal among themselves; with `kv` (B = 1) they
         follow kv.length cached rows, are written there, and kv.length advances; `mask` (T, length
         + T) bool then replaces the causal rule (token trees); without `kv`, `mask` (B, 1, T, T)
-        does. Returns (B, T, H)."""
+        does. Returns (B, T, H), or without `kv` and with `rows` ((B, T) bool) only those rows,
+        (N, H) (`Block.forward`)."""
         t = x.shape[1]
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         if kv is None:
-            return self.block().forward(x, cos, sin, mask=mask)
+            return self.block().forward(x, cos, sin, mask=mask, rows=rows)
+        if rows is not None:
+            raise ValueError("rows selects outputs of a cache-free forward (training) only")
         at = kv.length
         kv.ensure(at + t)
         if mask is None and t > 1:
@@ -149,8 +157,10 @@ class KangarooAdapter(nn.Module):
         self.block = DraftBlock(cfg)
         self.out_norm = nn.RMSNorm(cfg.hidden, eps=cfg.eps)
 
-    def forward(self, shallow: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
-        return self.out_norm(self.block(shallow, positions, kv))
+    def forward(
+        self, shallow: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None, rows=None
+    ) -> torch.Tensor:
+        return self.out_norm(self.block(shallow, positions, kv, rows=rows))
 
 
 class FeatureHead(nn.Module):

@@ -132,9 +132,10 @@ class Block:
         layer: int = 0,
         at: int = 0,
         mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention over normed rows at positions with RoPE tables cos, sin (T, d), after the output
-        projection, in the input's shape.
+        projection, in the input's shape (with `rows`: only those rows, see `forward`).
 
         With `cache`: x is (T, H), one sequence; its keys and values are written at at..at+T of
         `layer` and the rows attend to [0, at + T) under `mask` ((T, at + T) bool; None: everything,
@@ -158,7 +159,8 @@ class Block:
             out = F.scaled_dot_product_attention(
                 q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
             )[0]  # (heads, T, d)
-        return self.wo(out.transpose(-3, -2).flatten(-2))
+        out = out.transpose(-3, -2).flatten(-2)
+        return self.wo(out if rows is None else out[rows])
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU over normed rows (..., H)."""
@@ -174,10 +176,14 @@ class Block:
         layer: int = 0,
         at: int = 0,
         mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The block over rows ((T, H) with a cache, (B, T, H) without: `attention`): x + attention(norm
-        x), then + MLP(norm x) when it has one."""
-        x = x + self.attention(rms_norm(x, self.attn_norm, self.eps), cos, sin, cache, layer, at, mask)
+        x), then + MLP(norm x) when it has one. `rows` (a bool mask over x's rows): every row gives
+        its keys and values, but only these rows are computed on, returned flattened to (N, H)
+        (training reads the outputs of the scored rows only)."""
+        h = self.attention(rms_norm(x, self.attn_norm, self.eps), cos, sin, cache, layer, at, mask, rows)
+        x = (x if rows is None else x[rows]) + h
         if self.down is not None:
             x = x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
         return x
