@@ -104,6 +104,8 @@ def test_unrolled_head_equals_drafting(broken, monkeypatch):
     batch = Batch(torch.tensor([ids]), [len(ids)], [1], feats[None], None)
     with torch.no_grad():
         steps = head_steps(module, batch, embed, 3)
+    for j, (_, target, _) in enumerate(steps, start=1):  # step j's targets: the features at t + j
+        assert torch.equal(target, feats[j:])
     drafter = FeatureHeadDrafter(module, HeadLM(embed, head, 40, None))
     worst = 0.0
     for t in range(len(ids) - 4):

@@ -135,7 +135,7 @@ def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> P
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
-    from quickdraft.distill.train_run import TrainRun, _summary
+    from quickdraft.distill.train_run import TrainRun, summary
     from quickdraft.models.loading import load_model
     from quickdraft.models.native import NativeLlama
 
@@ -216,7 +216,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     report.update({"after": after, "history": run.history, "sessions": sessions})
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     for k in kinds:
-        print(f"{k}: held-out {_summary(after[k])} (before: {_summary(report['before'][k])}); saved {out / k}")
+        print(f"{k}: held-out {summary(after[k])} (before: {summary(report['before'][k])}); saved {out / k}")
     print(f"throughput: {run.speed.report()}; evaluations: {out / 'eval.jsonl'}, {out / 'eval.png'}")
     return 0
 

@@ -64,19 +64,21 @@ def target_states(net: NativeLlama, ids: list[int], exit_layer: int | None) -> d
 
 
 def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
-    """[(the module's states that the LM head reads (N, H), the target's features there (N, H))] at
-    the N scored positions, one entry per unrolled step (`steps` > 1: the head only; its states are
-    its predicted features). Rows that are not scored give keys and values only: the block's
-    output projection, MLP and the LM head never run on them."""
+    """[(the module's states that the LM head reads (N, H), the target's features there (N, H),
+    of_first)] at the N scored positions, one entry per unrolled step (`steps` > 1: the head only;
+    its states are its predicted features). `of_first` (None for the first entry) says which of the
+    first entry's target rows a later step's are: the target's distribution there is computed once.
+    Rows that are not scored give keys and values only: the block's output projection, MLP and the
+    LM head never run on them."""
     width = batch.ids.shape[1]
     dev, dtype = embed.device, next(module.parameters()).dtype
     feats = batch.feats.to(dev)
     if kind == "kangaroo":
         mask = response_mask(batch.lengths, batch.prompt_lens, width).to(dev)
         z = module(batch.shallow.to(dev, dtype), torch.arange(width, device=dev), rows=mask)
-        return [(z, feats[mask])]
+        return [(z, feats[mask], None)]
     if kind == "specdec":
-        return [block_states(module, batch, embed, dtype)]
+        return [(*block_states(module, batch, embed, dtype), None)]
     return head_steps(module, batch, embed, steps)
 
 
@@ -100,13 +102,15 @@ def head_steps(module, batch: Batch, embed: torch.Tensor, steps: int) -> list:
     (predicted f_{t+j-1}, x_{t+j}) at position t+j-1 predicts f_{t+j}). Every step's block runs
     over the rows of all steps so far under `unrolled_mask` (the block stays the inference block);
     earlier steps' rows give keys and values only. Returns `module_states`'s list, rows of each
-    step in (batch, origin) order."""
+    step in (batch, origin) order: step j's targets (positions t+j) are step 1's (positions t+1)
+    from position j on, in the same (batch, position) order."""
     width = batch.ids.shape[1]
     n, dev, dtype = width - 1, embed.device, next(module.parameters()).dtype
     feats, ids = batch.feats.to(dev), batch.ids.to(dev)
     batch_size, origin = ids.shape[0], torch.arange(n, device=dev)
     fused: list[torch.Tensor] = []
     out, prev = [], feats[:, :-1].to(dtype)
+    scored_first = torch.zeros(batch_size, width, dtype=torch.bool, device=dev)  # step 1's targets by position
     for j in range(1, steps + 1):
         at = (origin + j).clamp(max=width - 1)  # past the window: never scored
         fused.append(module.fuse(torch.cat((prev, embed[ids[:, at]].to(dtype)), -1)))
@@ -116,13 +120,20 @@ def head_steps(module, batch: Batch, embed: torch.Tensor, steps: int) -> list:
         positions = torch.cat([origin + i for i in range(j)])
         mask = None if j == 1 else unrolled_mask(n, j, dev)[None, None]
         pred = module.block(torch.cat(fused, 1), positions, None, mask, rows=last)
-        target = feats[:, at][valid]
+        if j == 1:
+            scored_first[:, 1:] = valid
+            of_first, target = None, feats[:, at][valid]
+        else:
+            scored = torch.zeros_like(scored_first)
+            scored[:, j:] = valid[:, : width - j]
+            of_first = scored[scored_first]
+            target = out[0][1][of_first]
         if j < steps:
             pred = pred.view(batch_size, n, -1)
-            out.append((pred[valid], target))
+            out.append((pred[valid], target, of_first))
             prev = pred
         else:
-            out.append((pred, target))
+            out.append((pred, target, of_first))
     return out
 
 
@@ -164,13 +175,16 @@ def train_loss(
 ) -> tuple[torch.Tensor, dict]:
     """Soft cross-entropy against the target's restricted p (+ feature regression for the head),
     averaged over the unrolled steps; stats name step j's figures with the suffix j (j > 1)."""
-    total, stats = 0.0, {}
+    total, stats, first_p = 0.0, {}, None
     outputs = module_states(module, kind, batch, embed, steps)
-    for j, (rows, target) in enumerate(outputs, start=1):
+    for j, (rows, target, of_first) in enumerate(outputs, start=1):
         if not len(rows):
             continue
         logits = F.linear(rows, head.to(rows.dtype))  # (N, K)
-        p = F.softmax(F.linear(target, head.to(target.dtype)).float(), dim=-1)
+        if of_first is None:
+            p = first_p = F.softmax(F.linear(target, head.to(target.dtype)).float(), dim=-1)
+        else:
+            p = first_p[of_first]
         logq = F.log_softmax(logits.float(), dim=-1)
         loss = -(p * logq).sum(-1).mean()
         tag = "" if j == 1 else str(j)
@@ -198,9 +212,12 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
         torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions at every eval
         for batch in batches:
             outputs = module_states(module, kind, batch, embed, steps if kind == "head" else 1)
-            for j, (rows, target) in enumerate(outputs):
+            for j, (rows, target, of_first) in enumerate(outputs):
                 logits = F.linear(rows, sub.to(rows.dtype))  # (N, K)
-                target_logits = F.linear(target, full_head)  # (N, V)
+                if of_first is None:
+                    target_logits = first = F.linear(target, full_head)  # (N, V)
+                else:
+                    target_logits = first[of_first]
                 if j == 0:
                     p = F.softmax(target_logits.float(), dim=-1)
                     q_sub = F.softmax(logits.float(), dim=-1)

@@ -195,7 +195,7 @@ class TrainRun:
             if eval_every and self.step % eval_every == 0 and self.step < self.cfg.steps:
                 bar.clear()
                 for k, r in self.evaluate().items():
-                    print(f"step {self.step}: {k} {_summary(r)}", file=sys.stderr)
+                    print(f"step {self.step}: {k} {summary(r)}", file=sys.stderr)
         bar.close()
 
 
@@ -203,7 +203,7 @@ def _chunks(items: list[int], size: int) -> list[list[int]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _summary(row: dict) -> str:
+def summary(row: dict) -> str:
     parts = [f"{mode} agreement {row[mode]['greedy_agreement']:.3f}" for mode in ("greedy", "sample") if mode in row]
     if "decode" in row:
         parts.append(f"tokens per forward {row['decode']['tokens_per_target_forward']:.2f}")

@@ -80,16 +80,14 @@ class MixedTreeDrafter(ComposedReads):
         budget = request.budget if request.shape is not None else request.budget * CHAIN_TREE_FACTOR
         scored, longest = self.suffix.scored(context, budget)
         long_match = longest >= self.min_match and bool(scored)
-        if request.shape is None:
+        if request.shape is None or not sampling.greedy:  # one source, chosen from the context
             self.rounds_by_source["suffix" if long_match else "model"] += 1
-            if long_match:  # the suffix drafter's own chain, from the search just made
-                return draft_path(greedy_chain(merge_scores([scored], budget), request.budget))
-            return self.model.propose(context, request, sampling, generator)
-        if not sampling.greedy:
-            self.rounds_by_source["suffix" if long_match else "model"] += 1
-            if long_match:
-                return paths_to_tree(merge_scores([scored], budget))
-            return self.model.propose(context, request, sampling, generator)
+            if not long_match:
+                return self.model.propose(context, request, sampling, generator)
+            paths = merge_scores([scored], budget)  # the suffix drafter's own draft, from the search just made
+            return (
+                paths_to_tree(paths) if request.shape is not None else draft_path(greedy_chain(paths, request.budget))
+            )
         self.rounds_by_source["union"] += 1
         model_tree = self.model.propose(context, request, sampling, generator)
         return paths_to_tree(merge_scores([scored, tree_paths(model_tree)], budget))
