@@ -62,6 +62,12 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-queue", dest="max_queue", type=int, help="requests allowed to wait (default 8); more get 429"
     )
+    srv.add_argument(
+        "--max-batch",
+        dest="max_batch",
+        type=int,
+        help="requests decoded together (default: fitted to this host's measured batched costs)",
+    )
     srv.add_argument("--default-max-tokens", dest="default_max_tokens", type=int, help="default 256")
     srv.add_argument(
         "--max-body-bytes", dest="max_body_bytes", type=int, help="larger request bodies get 413 (default 4 MiB)"

@@ -13,11 +13,16 @@ import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators
+from quickdraft.decoding.batch import BatchDecoder, BatchPlan, run_batch
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
+from quickdraft.models.batch_costs import batch_cost_surface, fit_max_batch, plan_budgets
+from quickdraft.models.batched import BatchedTarget
+from quickdraft.models.delta import SHIPPED_FOR
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.native_cache import NativeCachedModel
 from quickdraft.models.quant import parse_quantize
 from quickdraft.models.quantized import quantize_model
 from quickdraft.models.runtime import cached_model
@@ -139,6 +144,61 @@ class Engine:
         finally:
             rounds.close()
 
+    # --- batched generation ------------------------------------------------------------------
+    def batch_unsupported(self) -> str | None:
+        """Why this engine cannot decode several sequences in one batch (None: it can)."""
+        cfg = self.config
+        if cfg.method not in ("ar", "sd"):
+            return f"method {cfg.method!r} decodes one sequence at a time"
+        if not isinstance(self.target, NativeCachedModel):
+            return "the target does not run on the native runtime"
+        if cfg.verifier not in (None, "greedy", "speculative"):
+            return f"verifier {cfg.verifier!r} (a batch verifies with the lossless rules)"
+        if self.drafter is not None and self.drafter.fork() is None:
+            return f"drafter {self.drafter.name!r} cannot draft for several rows at once (it owns one model cache)"
+        return None
+
+    def batch_plan(self) -> tuple[BatchPlan, int]:
+        """(the draft budget by batch size, the default batch size), read off this host's measured
+        batched cost surface (models/batch_costs.py; measured once per engine, persisted for the
+        embedded default). Each decoder gets its own plan (it calibrates to what its rows accept)."""
+        draft, drafter = self.config.draft, self.drafter
+        auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
+        gain = drafter.tree_gain if auto else None
+        fixed = 0 if drafter is None or auto else (draft.tree or draft.num_draft_tokens)
+        if "batch_surface" not in self.parts.memo:
+            name = self.target_info.name or ""
+            probe = BatchedTarget(self.target, 16)
+            surface = batch_cost_surface(probe, name, self.dtype, name in SHIPPED_FOR, self.config.quantize)
+            self.parts.memo["batch_surface"] = surface
+        surface = self.parts.memo["batch_surface"]
+        trees = drafter is not None and drafter.drafts_trees and (auto or bool(draft.tree))
+        plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width)
+        return plan, fit_max_batch(surface, plan_budgets(surface, gain, fixed if not auto else None), gain)
+
+    def batch_decoder(self, max_batch: int | None = None, prefill_chunk: int = 128) -> BatchDecoder:
+        """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
+        with `max_batch` rows (default: fitted to this host)."""
+        reason = self.batch_unsupported()
+        if reason is not None:
+            raise QuickdraftError(f"batched decoding is not available: {reason}")
+        plan, fitted = self.batch_plan()
+        if max_batch is not None and max_batch < 1:
+            raise QuickdraftError(f"max_batch must be >= 1, got {max_batch}")
+        detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
+        target = BatchedTarget(self.target, max_batch or fitted)
+        return BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
+
+    def generate_batch(
+        self, prompts_ids: Sequence[list[int]], sampling: SamplingConfig, stop: StopConfig, max_batch: int | None = None
+    ) -> list[GenerationResult]:
+        """Generate for many prompts (token ids) decoded together: continuous batching, at most
+        `max_batch` at once (default: fitted to this host); each result is what its prompt gives alone."""
+        for ids in prompts_ids:
+            self.check_length(len(ids), stop.max_new_tokens)
+        decoder = self.batch_decoder(max_batch)
+        return [c.result() for c in run_batch(decoder, [(ids, sampling, stop) for ids in prompts_ids])]
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -146,7 +206,8 @@ class Engine:
         request: RequestOptions | None = None,
         **options,
     ) -> GenerationResult | list[GenerationResult]:
-        """Generate for one prompt or a list of prompts (each run alone, batch size 1).
+        """Generate for one prompt or a list of prompts (a list runs as one batch where the engine
+        can batch: `batch_unsupported`; else one after another).
 
         A prompt is a string, a list of chat messages ({"role", "content"}) or a list of token ids;
         a list of those gives a list of results. `options` are the per-request options of
@@ -158,7 +219,10 @@ class Engine:
         sampling, stop_cfg = settings.sampling, settings.stop_config(self.target_info.eos_token_ids)
         many = isinstance(prompts, (list, tuple)) and len(prompts) > 0 and not isinstance(prompts[0], (dict, int))
         items = list(prompts) if many else [prompts]
-        results = [self.generate_ids(self.encode(p, raw), sampling, stop_cfg) for p in items]
+        ids = [self.encode(p, raw) for p in items]
+        if many and len(ids) > 1 and self.batch_unsupported() is None:
+            return self.generate_batch(ids, sampling, stop_cfg)
+        results = [self.generate_ids(i, sampling, stop_cfg) for i in ids]
         return results if many else results[0]
 
 

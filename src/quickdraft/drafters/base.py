@@ -89,6 +89,14 @@ class Drafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence (drop state tied to an earlier one)."""
 
+    def end(self) -> None:
+        """The sequence ended (a drafter that learns from finished text takes it here)."""
+
+    def fork(self) -> Drafter | None:
+        """A drafter for one more sequence drafted beside this one's (batched decoding: one per row),
+        sharing its read-only data; None when it cannot (a model drafter owns one cache)."""
+        return None
+
     def propose(
         self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> TokenTree:

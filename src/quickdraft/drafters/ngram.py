@@ -55,6 +55,10 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.name = "ngram"
 
+    def fork(self) -> PromptLookupDrafter:
+        """Stateless: every row can share this one."""
+        return self
+
     def propose(
         self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> TokenTree:

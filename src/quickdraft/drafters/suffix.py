@@ -188,11 +188,23 @@ class SuffixDrafter(Drafter):
         self.last_context: list[int] = []
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a request; the previous request's text (as far as it was drafted from) joins the
-        cross-request cache when it is on."""
+        """Start a request (ending the previous one)."""
+        self.end()
+        self.prompt_length = len(prompt_ids)
+
+    def end(self) -> None:
+        """The request's text (as far as it was drafted from) joins the cross-request cache when it
+        is on."""
         if self.config.cache and self.last_context:
             self.recent.add(self.last_context[max(0, self.prompt_length - 32) :])
-        self.prompt_length, self.last_context = len(prompt_ids), []
+        self.last_context = []
+
+    def fork(self) -> SuffixDrafter:
+        """A drafter for one more concurrent request: the same datastore and cross-request cache,
+        its own request state."""
+        twin = SuffixDrafter(self.index, self.config, self.name)
+        twin.recent = self.recent
+        return twin
 
     def scored(self, context: Sequence[int], budget: int) -> tuple[dict[tuple[int, ...], float], int]:
         """({path: score} of the `budget` best continuation paths of `context`, the longest match

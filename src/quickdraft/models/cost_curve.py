@@ -50,10 +50,8 @@ def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 
     return {w: statistics.median(times[w][1:]) / base for w in widths}
 
 
-def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str = "none") -> dict[int, float]:
-    """The measured curve for this target on this host: memoised per process, and in the cache
-    folder when `persist` (the embedded default; other targets are measured once per process)."""
-    key = host_key(model_name, dtype, weights)
+def _persisted(key: str, persist: bool, measure, encode, decode):
+    """A measurement memoised per process under `key`, and in the cache folder when `persist`."""
     if key in _MEMO:
         return _MEMO[key]
     path = None
@@ -62,14 +60,25 @@ def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str =
 
         path = cache_dir() / "costs" / f"{key}.json"
         if path.is_file():
-            _MEMO[key] = {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+            _MEMO[key] = decode(json.loads(path.read_text()))
             return _MEMO[key]
-    curve = measure_cost_curve(model)
-    _MEMO[key] = curve
+    _MEMO[key] = measure()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({str(k): round(v, 4) for k, v in curve.items()}) + "\n")
-    return curve
+        path.write_text(json.dumps(encode(_MEMO[key])) + "\n")
+    return _MEMO[key]
+
+
+def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str = "none") -> dict[int, float]:
+    """The measured curve for this target on this host: memoised per process, and in the cache
+    folder when `persist` (the embedded default; other targets are measured once per process)."""
+    return _persisted(
+        host_key(model_name, dtype, weights),
+        persist,
+        lambda: measure_cost_curve(model),
+        lambda curve: {str(k): round(v, 4) for k, v in curve.items()},
+        lambda raw: {int(k): float(v) for k, v in raw.items()},
+    )
 
 
 def relative_cost(curve: dict[int, float], rows: int) -> float:

@@ -139,26 +139,30 @@ class Block:
 
         With `cache`: x is (T, H), one sequence; its keys and values are written at at..at+T of
         `layer` and the rows attend to [0, at + T) under `mask` ((T, at + T) bool; None: everything,
-        e.g. one row). Without it: x is (B, T, H) and the rows attend among themselves, causally
-        unless `mask` ((B, 1, T, T)) is given."""
+        e.g. one row). With a `batch_cache.BatchKVCache`: x is (B, T, H), `at` (B,) each row's start,
+        cos and sin (B, T, d), and `mask` (B, 1, T, S) over the cache's span. Without a cache: x is
+        (B, T, H) and the rows attend among themselves, causally unless `mask` ((B, 1, T, T)) is given."""
         qk_heads = self.heads + self.kv_heads
         y = self.qkv[0](x) if len(self.qkv) == 1 else torch.cat([f(x) for f in self.qkv], dim=-1)
         y = y.unflatten(-1, (qk_heads + self.kv_heads, self.head_dim))  # (..., T, q+k+v heads, d)
         if cos.dtype != y.dtype:  # under autocast the linears' outputs are in the autocast dtype
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
-        qk = rotate(y[..., :qk_heads, :], cos[:, None], sin[:, None])  # RoPE on q and k heads at once
+        qk = rotate(y[..., :qk_heads, :], cos.unsqueeze(-2), sin.unsqueeze(-2))  # RoPE on q and k heads at once
         q = qk[..., : self.heads, :].transpose(-3, -2)  # (..., heads, T, d)
         k, v = qk[..., self.heads :, :].transpose(-3, -2), y[..., qk_heads:, :].transpose(-3, -2)
         if cache is None:
             causal = mask is None and q.shape[-2] > 1
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         else:
-            keys, values = cache.write(layer, at, k, v)  # (kv_heads, at + T, d)
+            keys, values = cache.write(layer, at, k, v)  # ([B,] kv_heads, S, d)
             if keys.dtype != q.dtype:  # a cache kept in another dtype than the activations
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
+            one = keys.dim() == 3  # one sequence; a batch cache gives (B, kv_heads, S, d)
             out = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-            )[0]  # (heads, T, d)
+                q[None] if one else q, keys[None] if one else keys, values[None] if one else values,
+                attn_mask=mask, enable_gqa=True,
+            )  # fmt: skip
+            out = out[0] if one else out  # ([B,] heads, T, d)
         out = out.transpose(-3, -2).flatten(-2)
         return self.wo(out if rows is None else out[rows])
 

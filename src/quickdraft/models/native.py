@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from quickdraft.models.batch_cache import BatchKVCache
 from quickdraft.models.linear import Linear, fuse_rows, packed_pays
 from quickdraft.models.llama_block import Block, KVCache, rms_norm, rope_tables
 
@@ -156,3 +157,27 @@ class NativeLlama:
         if stop == self.num_layers:
             x = self.rms_norm(x, self.norm)
         return x, kept
+
+    def forward_batch(
+        self, cache: BatchKVCache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """All layers over (B, T) new rows of the cache's B running sequences (padded to T), row b's
+        written at cache.lengths[b].. (`cache.begin(T)` first).
+
+        Args:
+            ids: (B, T) token ids.
+            positions: (B, T) RoPE positions.
+            mask: (B, T, span) bool, which cache positions each new row sees (its own context and
+                new rows only; a padding row must see at least itself).
+
+        Returns:
+            (B, T, H) final-normed states.
+        """
+        b, t = ids.shape
+        x = self.embed[ids]
+        cos, sin = rope_tables(self.inv_freq, positions.reshape(-1), self.dtype, self.rope_scale)
+        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
+        mask = mask[:, None].to(self.device)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward(x, cos, sin, cache, i, cache.starts, mask)
+        return self.rms_norm(x, self.norm)

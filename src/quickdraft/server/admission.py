@@ -61,6 +61,7 @@ class Admission:
         """Build the engine; a failure is kept for /health."""
         try:
             engine = self.load_engine()
+            self.worker.prepare(engine)
             self.state["name"] = self.state["name"] or engine.target_info.name
             self.state["engine"] = engine
         except Exception as exc:  # reported by /health

@@ -21,7 +21,7 @@ from quickdraft.server.admission import MAX_BODY_BYTES, Admission
 from quickdraft.server.metrics import CountRequests, Metrics
 from quickdraft.server.protocol import APIError, full_response, new_id
 from quickdraft.server.streaming import sse, wait_result
-from quickdraft.server.worker import Worker
+from quickdraft.server.batcher import Batcher
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "error_response"]
 
@@ -36,16 +36,18 @@ def create_app(
     max_queue: int = 8,
     default_max_tokens: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_batch: int | None = None,
 ) -> FastAPI:
-    """Build the app; `load_engine` runs in a background thread at start-up (health is 503 until done)."""
-    worker, metrics = Worker(max_queue), Metrics()
+    """Build the app; `load_engine` runs in a background thread at start-up (health is 503 until done).
+    Requests run together, up to `max_batch` at once (None: fitted to the host; server/batcher.py)."""
+    worker, metrics = Batcher(max_queue, max_batch), Metrics()
     admission = Admission(load_engine, worker, model_name, default_max_tokens, max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         threading.Thread(target=admission.load, daemon=True, name="quickdraft-load").start()
         yield
-        worker.executor.shutdown(wait=False, cancel_futures=True)
+        worker.shutdown()
 
     app = FastAPI(title="quickdraft", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.worker, app.state.metrics, app.state.quickdraft = worker, metrics, admission.state
@@ -73,12 +75,15 @@ def create_app(
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.pending.set(worker.pending)
+        metrics.running.set(worker.running)
+        metrics.waiting.set(max(0, worker.pending - worker.running))
+        metrics.max_batch.set(worker.capacity)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def completion(request: Request, kind: str) -> Response:
         job = await admission.admit(request, kind)
         if job is None:
-            text = f"server busy: {worker.max_queue} requests already waiting"
+            text = f"server busy: {worker.capacity} requests running and {worker.max_queue} waiting"
             busy = APIError(429, text, type_="rate_limit_exceeded")
             return error_response(busy, headers={"Retry-After": "1"})
         rid, name = new_id(kind), admission.name

@@ -28,6 +28,9 @@ class Metrics:
             registry=r,
         )
         self.pending = Gauge("quickdraft:num_requests_pending", "running + waiting requests", registry=r)
+        self.running = Gauge("quickdraft:num_requests_running", "requests in the running batch", registry=r)
+        self.waiting = Gauge("quickdraft:num_requests_waiting", "requests queued behind the batch", registry=r)
+        self.max_batch = Gauge("quickdraft:max_batch_size", "the most requests decoded together", registry=r)
 
     def observe(self, result: GenerationResult) -> None:
         s = result.stats

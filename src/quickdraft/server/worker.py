@@ -41,6 +41,18 @@ class Worker:
         self._lock = threading.Lock()
         self.pending = 0  # running + waiting
 
+    capacity = 1  # generations running at once
+
+    def prepare(self, engine: Engine) -> None:
+        """Called once the engine is loaded (a batching worker builds its decoder here)."""
+
+    @property
+    def running(self) -> int:
+        return min(self.pending, 1)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
     def try_admit(self) -> bool:
         with self._lock:
             if self.pending >= self.max_queue + 1:

@@ -1,0 +1,293 @@
+"""Continuous batching with speculation per row: many sequences share each target forward.
+
+`BatchDecoder.step()` is one round of the whole batch:
+1. admit: waiting sequences are prefilled alone, in chunks of at most `prefill_chunk` tokens per
+   round while others run (so a long prompt never stalls them for more than one chunk), and join
+   the batch (a new row of the target's batch cache) with their first token;
+2. draft: every row asks its own drafter (a fork of the configured one) for a tree of the round's
+   budget, or a chain; the budget depends on how many rows run (`BatchPlan`: on a host where a
+   wider forward stops being nearly free, speculation shrinks and then stops as the batch grows);
+3. verify: one batched forward over every row's [last committed token, draft nodes], padded to a
+   common width, each row against its own context; each row is verified alone by the lossless
+   tree rules with its own sampling settings and random streams, and keeps its accepted path;
+4. leave: rows that ended (EOS, stop strings, max tokens: their own `Collector`) or were cancelled
+   leave the batch at the round boundary.
+
+Per row this is exactly the sequential loop (`decoding/vanilla.py` with a tree or chain), so every
+row's output is what the same request gives alone: equal tokens when greedy (tested in float64),
+the target's law when sampled (a chain is a one-wide tree; drafters here are deterministic).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding.collect import Collector
+from quickdraft.decoding.common import Generators, pick_token
+from quickdraft.drafters.base import Drafter, DraftRequest
+from quickdraft.drafters.tree import TreeShape
+from quickdraft.models.batch_costs import plan_budgets
+from quickdraft.models.batched import BatchedTarget, RowBlock
+from quickdraft.sampling import logits_to_probs
+from quickdraft.types import Round
+from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
+
+
+class BatchPlan:
+    """The draft budget per row by batch size, calibrated by what the rows accept.
+
+    With a gain table (expected tokens per forward by budget: the suffix drafter's) and the host's
+    batched cost surface, each batch size gets the budget maximising tokens per second
+    (`models.batch_costs.plan_budgets`). The table was measured offline, so its extra tokens
+    (gain - 1) are scaled by the ratio of the extra tokens the rows actually accept to what the
+    table promised for the budgets they drafted with (a prior of `prior` rounds at the table's
+    value), and the budgets are re-planned every `replan` rounds: where drafts are accepted less
+    than the table says, speculation stops at a smaller batch. Without a gain table the budget is
+    `fixed` at every size (0: no speculation).
+
+    Args:
+        surface: {(rows, width): relative cost} (models/batch_costs.py); None with `fixed`.
+        gain: the drafter's gain table, or None.
+        fixed: the budget when there is no gain table.
+        trees: drafts are trees of the budget (else chains of that length).
+        tree_width: a tree's width.
+    """
+
+    def __init__(
+        self,
+        surface: dict | None,
+        gain: dict[int, float] | None = None,
+        fixed: int = 0,
+        trees: bool = True,
+        tree_width: int = 8,
+        prior: float = 32.0,
+        replan: int = 8,
+    ) -> None:
+        self.surface, self.gain, self.fixed = surface, dict(gain) if gain else None, fixed
+        self.trees, self.tree_width, self.replan = trees, tree_width, replan
+        self.promised, self.accepted = prior, prior  # extra tokens: the table's, the rows'
+        self._since = 0
+        self.budgets = self._plan()
+
+    @property
+    def scale(self) -> float:
+        """Accepted extra tokens over the table's promise, so far."""
+        return self.accepted / self.promised
+
+    def _plan(self) -> dict[int, int]:
+        if not self.gain or self.surface is None:
+            return {1: self.fixed}
+        scaled = {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()}
+        return plan_budgets(self.surface, scaled)
+
+    def budget(self, rows: int) -> int:
+        sizes = sorted(self.budgets)
+        fit = [s for s in sizes if s >= rows]
+        return self.budgets[fit[0] if fit else sizes[-1]]
+
+    def request(self, rows: int, room: int) -> DraftRequest | None:
+        """What each of `rows` rows asks its drafter for, with `room` tokens left (None: nothing)."""
+        budget = min(self.budget(rows), room)
+        if budget < 1:
+            return None
+        return DraftRequest.tree(TreeShape(budget, self.tree_width)) if self.trees else DraftRequest.chain(budget)
+
+    def observe(self, drafted: list[tuple[int, int]]) -> None:
+        """One round's (budget asked, draft tokens accepted) of each row that drafted."""
+        if not self.gain or not drafted:
+            return
+        for budget, accepted in drafted:
+            key = min(self.gain, key=lambda k: abs(k - budget))
+            self.promised += self.gain[key] - 1.0
+            self.accepted += accepted
+        self._since += 1
+        if self._since >= self.replan:
+            self._since = 0
+            self.budgets = self._plan()
+
+
+@dataclass
+class BatchUpdate:
+    """What one round gave one sequence: the tokens it kept (none when it was just admitted with
+    a prefill still running) and its collector (`done` once it ended)."""
+
+    key: Hashable
+    tokens: list[int]
+    collector: Collector
+
+
+@dataclass
+class _Waiting:
+    key: Hashable
+    prompt: list[int]
+    sampling: SamplingConfig
+    stop: StopConfig
+    done: int = 0  # prompt tokens prefilled so far
+    prefill_s: float = 0.0
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    context: list[int]
+    sampling: SamplingConfig
+    gens: Generators
+    drafter: Drafter | None
+    collector: Collector
+    events: dict[str, int] = field(default_factory=dict)
+
+
+class BatchDecoder:
+    """Sequences decoded together over one `BatchedTarget` (module docstring).
+
+    Args:
+        target: the batched target (its max_batch bounds the running rows).
+        drafter: the configured drafter (each row drafts with `drafter.fork()`); None: no drafts.
+        plan: the draft budget by batch size.
+        detokenize: ids -> text, for stop strings and text.
+        prefill_chunk: prompt tokens prefilled per round while other rows run.
+    """
+
+    def __init__(
+        self,
+        target: BatchedTarget,
+        drafter: Drafter | None,
+        plan: BatchPlan,
+        detokenize: Callable[[list[int]], str] | None = None,
+        prefill_chunk: int = 128,
+    ) -> None:
+        if drafter is not None and drafter.fork() is None:
+            raise ValueError(f"drafter {drafter.name!r} cannot draft for several rows at once")
+        self.target, self.drafter, self.plan = target, drafter, plan
+        self.detokenize, self.prefill_chunk = detokenize, max(1, prefill_chunk)
+        self.waiting: deque[_Waiting] = deque()
+        self.rows: list[_Row] = []  # in the target's row order
+        self.rounds = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.rows and not self.waiting
+
+    def submit(self, key: Hashable, prompt_ids: Sequence[int], sampling: SamplingConfig, stop: StopConfig) -> None:
+        """Queue a sequence; it joins the batch once a row is free and its prompt is prefilled."""
+        if not prompt_ids:
+            raise ValueError("submit: an empty prompt")
+        if len(prompt_ids) + stop.max_new_tokens > self.target.max_length:
+            raise ValueError(f"prompt + max_new_tokens exceed the context of {self.target.max_length}")
+        self.waiting.append(_Waiting(key, list(prompt_ids), sampling, stop))
+
+    def cancel(self, key: Hashable) -> bool:
+        """Drop a waiting or running sequence (at once: between rounds); False if unknown."""
+        for job in self.waiting:
+            if job.key == key:
+                self.waiting.remove(job)
+                return True
+        for i, row in enumerate(self.rows):
+            if row.key == key:
+                self._leave(i)
+                return True
+        return False
+
+    def step(self) -> list[BatchUpdate]:
+        """Admit what fits, then one draft/verify round over every running row."""
+        updates = self._admit()
+        self._prune()
+        if self.rows:
+            updates += self._round()
+            self._prune()
+        self.rounds += 1
+        return updates
+
+    def _prune(self) -> None:
+        for i in reversed(range(len(self.rows))):
+            if self.rows[i].collector.done:
+                self._leave(i)
+
+    def _admit(self) -> list[BatchUpdate]:
+        """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens while rows run;
+        with none running, the first prompt whole (nobody waits on it)."""
+        updates: list[BatchUpdate] = []
+        budget = self.prefill_chunk
+        while self.waiting and len(self.rows) < self.target.max_batch and budget > 0:
+            job = self.waiting[0]
+            left = len(job.prompt) - job.done
+            size = min(budget, left) if self.rows else left
+            start = time.perf_counter()
+            logits = self.target.prefill(job.prompt[job.done : job.done + size], first=job.done == 0)
+            job.done += size
+            job.prefill_s += time.perf_counter() - start
+            budget -= size
+            if job.done == len(job.prompt):
+                self.waiting.popleft()
+                updates.append(self._join(job, logits[-1]))
+        return updates
+
+    def _join(self, job: _Waiting, logits) -> BatchUpdate:
+        gens = Generators.from_seed(job.sampling.seed)
+        token = pick_token(logits, job.sampling, gens.target)
+        self.target.adopt()
+        drafter = self.drafter.fork() if self.drafter is not None else None
+        if drafter is not None:
+            drafter.begin(job.prompt)
+        collector = Collector(job.stop, self.detokenize)
+        collector.stats.verifier = "tree" if drafter is not None else ""
+        row = _Row(job.key, job.prompt + [token], job.sampling, gens, drafter, collector)
+        self.rows.append(row)
+        kept = collector.feed(Round([token], verify_s=job.prefill_s))
+        return BatchUpdate(job.key, kept, collector)
+
+    def _round(self) -> list[BatchUpdate]:
+        start = time.perf_counter()
+        drafts = [self._draft(row) for row in self.rows]
+        mid = time.perf_counter()
+        blocks = [RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask()) for row, d in zip(self.rows, drafts)]
+        logits = self.target.forward(blocks)
+        updates, drafted = [], []
+        for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits)):
+            if row.sampling.greedy:
+                path, nxt = verify_tree_greedy(draft, out) if len(draft) else ([], int(out[0].argmax()))
+            else:
+                path, nxt = verify_tree_sampling(draft, logits_to_probs(out, row.sampling), row.gens.target)
+            self.target.commit(i, [0] + [1 + j for j in path])
+            new = [draft.tokens[j] for j in path] + [nxt]
+            row.context += new
+            events = {"batch_rows": len(self.rows)}
+            if len(draft):
+                drafted.append((len(draft), len(path)))
+                events.update({"tree_rounds": 1, "tree_nodes": len(draft), f"accepted_depth_{len(path)}": 1})
+            depth = max(draft.depths) if len(draft) else None
+            rnd = Round(new, len(draft), len(path), mid - start, time.perf_counter() - mid, events, depth)
+            updates.append(BatchUpdate(row.key, row.collector.feed(rnd), row.collector))
+        self.plan.observe(drafted)
+        return updates
+
+    def _draft(self, row: _Row) -> TokenTree:
+        room = row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1
+        request = None if row.drafter is None else self.plan.request(len(self.rows), room)
+        if request is None:
+            return TokenTree()
+        return row.drafter.propose(row.context, request, row.sampling, row.gens.draft)
+
+    def _leave(self, i: int) -> None:
+        """Row i leaves; the last row takes its place (as in the target's cache)."""
+        row = self.rows[i]
+        if row.drafter is not None:
+            row.drafter.end()
+        self.target.remove(i)
+        self.rows[i] = self.rows[-1]
+        self.rows.pop()
+
+
+def run_batch(decoder: BatchDecoder, jobs: Sequence[tuple[Sequence[int], SamplingConfig, StopConfig]]) -> list:
+    """Run `jobs` (prompt ids, sampling, stop) to the end as one batch; their collectors in order."""
+    for i, (ids, sampling, stop) in enumerate(jobs):
+        decoder.submit(i, ids, sampling, stop)
+    collectors: dict[int, Collector] = {}
+    while not decoder.idle:
+        for update in decoder.step():
+            collectors[update.key] = update.collector
+    return [collectors[i] for i in range(len(jobs))]
