@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.drafters import Drafter, ModelDrafter
+from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.models.cached_model import CachedModel
 from quickdraft.models.loading import LoadedModel
 from quickdraft.server.app import create_app
@@ -504,3 +505,95 @@ def test_export_maps_the_suffix_drafter_to_vllms_suffix_method():
         "suffix_decoding_max_tree_depth": 8,
     }
     assert vllm_speculative_config("suffix:/x;depth=12", 6)["suffix_decoding_max_tree_depth"] == 12
+
+
+# --- continuous batching (issue #28) ------------------------------------------------------------------
+
+
+class SlowSuffix(SuffixDrafter):
+    """The suffix drafter, sleeping in every draft so long generations are still running when the
+    test looks; its forks are slow too."""
+
+    def propose(self, *args, **kwargs):
+        time.sleep(0.002)
+        return super().propose(*args, **kwargs)
+
+    def fork(self):
+        return SlowSuffix(self.index, self.config, self.name)
+
+
+@pytest.fixture(scope="module")
+def batch_live():
+    target = tiny_text_model(dtype=torch.float64)
+    engine = Engine(NoEos(target.model, target.tokenizer, target.name), EngineConfig(), drafter=SlowSuffix(None))
+    app = create_app(lambda: engine, NAME, max_queue=1, default_max_tokens=16, max_batch=3)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    end = time.time() + 10
+    while httpx.get(url + "/health").status_code != 200 and time.time() < end:
+        time.sleep(0.05)
+    yield url, app, engine
+    server.should_exit = True
+    thread.join(5)
+
+
+def test_concurrent_requests_share_the_batch_and_equal_their_lone_answers(batch_live):
+    url, app, engine = batch_live
+    prompts = ["abcabcabc", "hello hello", "the cat sat. the cat", "zzz yyy zzz"]
+    alone = [engine.generate(p, max_new_tokens=40, raw=True).text for p in prompts]
+    batcher = app.state.worker
+    assert batcher.decoder is not None and batcher.capacity == 3
+    results = [None] * 4
+
+    def ask(i):
+        body = {"prompt": prompts[i], "max_tokens": 40, "temperature": 0, "stream": i % 2 == 1}
+        with httpx.Client(timeout=30) as http:
+            if i % 2 == 0:
+                results[i] = http.post(url + "/v1/completions", json=body).json()["choices"][0]["text"]
+                return
+            parts = []
+            with http.stream("POST", url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        parts.append(json.loads(line[6:])["choices"][0]["text"] if "choices" in line else "")
+            results[i] = "".join(parts)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]  # 3 run, 1 waits in the queue
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == alone
+    metrics = httpx.get(url + "/metrics").text
+    assert "quickdraft:max_batch_size 3.0" in metrics and "quickdraft:num_requests_running 0.0" in metrics
+
+
+def test_batch_full_gets_429_and_a_disconnect_frees_its_row(batch_live):
+    url, app, engine = batch_live
+    batcher = app.state.worker
+    with httpx.Client(timeout=30) as http:
+        streams = [
+            http.stream("POST", url + "/v1/completions", json={"prompt": p, "max_tokens": 3000, "stream": True})
+            for p in ("abc", "bca", "cab", "aaa")
+        ]
+        responses = [s.__enter__() for s in streams]
+        for r in responses[:3]:
+            next(r.iter_lines())  # three rows are running, the fourth waits in the queue
+        assert batcher.running == 3
+        busy = http.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+        assert busy.status_code == 429 and "3 requests running and 1 waiting" in busy.json()["error"]["message"]
+        streams[0].__exit__(None, None, None)  # one client goes away: its row leaves, the queued one joins
+        next(responses[3].iter_lines())
+        for s in streams[1:]:
+            s.__exit__(None, None, None)
+    end = time.time() + 5
+    while _pending(app) and time.time() < end:
+        time.sleep(0.02)
+    assert _pending(app) == 0 and batcher.running == 0
+    forwards = batcher.decoder.target.num_forwards
+    time.sleep(0.3)
+    assert batcher.decoder.target.num_forwards == forwards  # nothing keeps generating

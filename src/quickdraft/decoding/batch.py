@@ -192,6 +192,17 @@ class BatchDecoder:
                 return True
         return False
 
+    def abort(self) -> list[Hashable]:
+        """Drop every waiting and running sequence (after a failure); returns their keys."""
+        keys = [job.key for job in self.waiting] + [row.key for row in self.rows]
+        for row in self.rows:
+            if row.drafter is not None:
+                row.drafter.end()
+        self.waiting.clear()
+        self.rows.clear()
+        self.target.clear()
+        return keys
+
     def step(self) -> list[BatchUpdate]:
         """Admit what fits, then one draft/verify round over every running row."""
         updates = self._admit()
@@ -244,10 +255,13 @@ class BatchDecoder:
         start = time.perf_counter()
         drafts = [self._draft(row) for row in self.rows]
         mid = time.perf_counter()
-        blocks = [RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask()) for row, d in zip(self.rows, drafts)]
+        blocks = [
+            RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask())
+            for row, d in zip(self.rows, drafts, strict=True)
+        ]
         logits = self.target.forward(blocks)
         updates, drafted = [], []
-        for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits)):
+        for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits, strict=True)):
             if row.sampling.greedy:
                 path, nxt = verify_tree_greedy(draft, out) if len(draft) else ([], int(out[0].argmax()))
             else:

@@ -98,7 +98,9 @@ class BatchKVCache:
         self.starts = torch.tensor(self.lengths, dtype=torch.long, device=self.k.device)
         return self.starts
 
-    def write(self, layer: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (B, kv_heads, T, head_dim) keys and values at positions at[b]..at[b]+T of each row;
         returns the layer's (B, kv_heads, span, head_dim) keys and values (views)."""
         b, t = k.shape[0], k.shape[2]

@@ -75,6 +75,7 @@ class BatchedTarget:
             self.single.reset()
         return self.single.extend(tokens, last_only=True)
 
+    @torch.inference_mode()  # the cache may have grown inside a forward: inference tensors
     def adopt(self) -> int:
         """Move the prefilled prompt into a new row; returns the row."""
         return self.cache.adopt(self.single.cache)
@@ -109,9 +110,15 @@ class BatchedTarget:
         logits = self.single.logits(x[valid.to(dev)])  # (sum n_b, V)
         return list(logits.split([len(b.tokens) for b in blocks]))
 
+    @torch.inference_mode()
     def commit(self, row: int, keep: Sequence[int]) -> None:
         """Keep offsets `keep` (increasing) of the row's last block as its next positions."""
         self.cache.commit(row, torch.tensor(list(keep), dtype=torch.long))
 
+    @torch.inference_mode()
     def remove(self, row: int) -> None:
         self.cache.remove(row)
+
+    def clear(self) -> None:
+        """Drop every row (after a failed forward: nothing of the batch is trusted)."""
+        self.cache.lengths.clear()

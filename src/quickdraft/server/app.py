@@ -18,10 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quickdraft.engine import Engine
 from quickdraft.server.admission import MAX_BODY_BYTES, Admission
+from quickdraft.server.batcher import Batcher
 from quickdraft.server.metrics import CountRequests, Metrics
 from quickdraft.server.protocol import APIError, full_response, new_id
 from quickdraft.server.streaming import sse, wait_result
-from quickdraft.server.batcher import Batcher
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "error_response"]
 

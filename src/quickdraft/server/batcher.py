@@ -82,7 +82,9 @@ class Batcher(Worker):
             raise RuntimeError("cancelled before start")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(_Job(prompt_ids, sampling, stop, cancel, lambda e: loop.call_soon_threadsafe(events.put_nowait, e)))
+        self._inbox.put(
+            _Job(prompt_ids, sampling, stop, cancel, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+        )
         self._wake.set()
         return events
 
@@ -110,9 +112,9 @@ class Batcher(Worker):
                 continue
             try:
                 updates = decoder.step()
-            except Exception as exc:  # a failed forward fails every running request, never the thread
-                for key, job in list(self._jobs.items()):
-                    decoder.cancel(key)
+            except Exception as exc:  # a failed round fails every request in the batch, never the thread
+                decoder.abort()
+                for job in self._jobs.values():
                     job.put(ErrorEvent(exc))
                 self._jobs.clear()
                 continue
