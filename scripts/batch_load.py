@@ -2,12 +2,13 @@
 against the number of concurrent clients, ours beside plain batched decoding (issue #28).
 
 For each server configuration (a label and `quickdraft serve` flags) it starts a fresh server on a
-free loopback port, waits for /health, warms up, then for each concurrency level N sends N chat
-requests at once from N client threads, each with a different Spec-Bench prompt (the first N of
---prompts), --max-tokens tokens each, greedy, half of them streamed; records every status, the
-aggregate tokens/s (completion tokens / wall time of the level) and each request's latency; reads
-/metrics after the level; stops the server. The level with one client is the lone request. Writes a
-JSON report and a PNG (throughput and p50 latency against concurrency).
+free loopback port, waits for /health and warms up. Then, at each concurrency level N, the same
+--requests chat requests (different Spec-Bench prompts: one per category, then file order;
+--max-tokens each, greedy, every other one streamed) are sent by N client threads, each sending its
+share one after another: N = 1 is every request alone, one at a time; N = --requests sends all at
+once. Per level: every status, aggregate tokens/s (completion tokens / the level's wall time), each
+request's latency (p50, max), /metrics after the level. The server stops afterwards; the run stops
+by itself. Writes report.json and load.png (throughput and p50 latency against concurrency).
 
     python scripts/batch_load.py --out docs/bench/batch-load -- --threads 2
 """
@@ -79,6 +80,7 @@ def metric(url: str, name: str) -> float | None:
 
 
 def sweep(server_args: list[str], prompts: list[str], levels: list[int], max_tokens: int) -> dict:
+    """Start a server with `server_args`, run every level, stop it; the levels' results."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), *server_args]
@@ -99,7 +101,8 @@ def sweep(server_args: list[str], prompts: list[str], levels: list[int], max_tok
         for n in levels:
             start = time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
-                rows = list(pool.map(lambda i: one_request(url, prompts[i], max_tokens, i % 2 == 1), range(n)))
+                jobs = [(p, max_tokens, i % 2 == 1) for i, p in enumerate(prompts)]
+                rows = list(pool.map(lambda job: one_request(url, *job), jobs))
             wall = time.perf_counter() - start
             lat = [r["latency"] for r in rows if r["status"] == 200]
             level = {
@@ -152,11 +155,12 @@ def main() -> int:
     p.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
     p.add_argument("--levels", default="1,2,4,8,16")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--requests", type=int, default=16)
     p.add_argument("--configs", default=",".join(CONFIGS), help="which of: " + ", ".join(CONFIGS))
     p.add_argument("--out", required=True, help="a folder for report.json and load.png")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
-    prompts = spec_bench_prompts(args.prompts, max(levels))
+    prompts = spec_bench_prompts(args.prompts, args.requests)
     import torch
 
     host = f"{platform.processor() or platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
@@ -167,6 +171,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(report, out / "load.png")
+    for res in report["configs"].values():  # each level against the requests alone (N = 1)
+        alone = next((lv for lv in res["levels"] if lv["concurrency"] == 1), None)
+        for lv in res["levels"]:
+            if alone and lv["latency_p50_s"] and alone["latency_p50_s"]:
+                lv["throughput_vs_alone"] = round(lv["tokens_per_s"] / alone["tokens_per_s"], 2)
+                lv["p50_latency_vs_alone"] = round(lv["latency_p50_s"] / alone["latency_p50_s"], 2)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     errors = sum(lv["errors"] for res in report["configs"].values() for lv in res["levels"])
     return 1 if errors else 0
 

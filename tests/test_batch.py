@@ -24,6 +24,7 @@ from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.batch_costs import fit_max_batch, measure_batch_costs, plan_budgets
 from quickdraft.models.batched import BatchedTarget, RowBlock
+from quickdraft.models.graphs import StaticBatchForward
 from quickdraft.models.native_cache import NativeCachedModel
 from quickdraft.verifiers.tree import TokenTree
 
@@ -210,3 +211,27 @@ def test_engines_that_cannot_batch_say_why(tmp_path):
     assert "native runtime" in Engine(target, EngineConfig(runtime="hf", drafter="ngram")).batch_unsupported()
     with pytest.raises(QuickdraftError, match="batched decoding is not available"):
         Engine(target, EngineConfig(verifier="lenient", drafter="ngram")).batch_decoder()
+
+
+def test_static_forward_equals_the_dynamic_one(model):
+    """The CUDA-graph path's static shapes (every slot, width buckets, attention over the whole
+    capacity under an input mask), run eagerly on the CPU: equal logits, equal greedy outputs."""
+    dynamic, static = BatchedTarget(NativeCachedModel(model), 4), BatchedTarget(NativeCachedModel(model), 4)
+    static.static = StaticBatchForward(static, 128, graphs=False)
+    for t in (dynamic, static):
+        for p in ([5, 6, 7, 8, 9], [10, 11], list(range(12, 30))):
+            t.prefill(p, first=True)
+            t.adopt()
+    tree = TokenTree([25, 26, 27], [-1, -1, 1])
+    blocks = [RowBlock([20, 21, 22]), RowBlock([23]), RowBlock([24, *tree.tokens], [0, *tree.depths], tree.mask())]
+    for x, y in zip(dynamic.forward(blocks), static.forward(blocks), strict=True):
+        assert torch.allclose(x, y, atol=1e-12)
+    assert sorted(static.static.inputs) == [4]  # width 4 is a bucket
+    prompts, plan = _prompts(5, seed=3), BatchPlan(None, fixed=5)
+    target = BatchedTarget(NativeCachedModel(model), 2)
+    target.static = StaticBatchForward(target, 96, graphs=False)
+    got = run_batch(BatchDecoder(target, SuffixDrafter(None), plan), [(p, GREEDY, StopConfig(20)) for p in prompts])
+    assert [c.tokens for c in got] == [_alone(model, p, 20) for p in prompts]
+    assert target.static.replays > 0
+    with pytest.raises(ValueError, match="CUDA device"):
+        StaticBatchForward(target, 96, graphs=True)

@@ -544,7 +544,7 @@ def batch_live():
 def test_concurrent_requests_share_the_batch_and_equal_their_lone_answers(batch_live):
     url, app, engine = batch_live
     prompts = ["abcabcabc", "hello hello", "the cat sat. the cat", "zzz yyy zzz"]
-    alone = [engine.generate(p, max_new_tokens=40, raw=True).text for p in prompts]
+    alone = [engine.generate(p, max_new_tokens=40).text for p in prompts]
     batcher = app.state.worker
     assert batcher.decoder is not None and batcher.capacity == 3
     results = [None] * 4
@@ -575,19 +575,24 @@ def test_concurrent_requests_share_the_batch_and_equal_their_lone_answers(batch_
 def test_batch_full_gets_429_and_a_disconnect_frees_its_row(batch_live):
     url, app, engine = batch_live
     batcher = app.state.worker
+    end = time.time() + 5
+    while _pending(app) and time.time() < end:  # the previous test's slots are released
+        time.sleep(0.02)
     with httpx.Client(timeout=30) as http:
         streams = [
             http.stream("POST", url + "/v1/completions", json={"prompt": p, "max_tokens": 3000, "stream": True})
             for p in ("abc", "bca", "cab", "aaa")
         ]
         responses = [s.__enter__() for s in streams]
-        for r in responses[:3]:
-            next(r.iter_lines())  # three rows are running, the fourth waits in the queue
+        assert [r.status_code for r in responses] == [200] * 4
+        lines = [r.iter_lines() for r in responses]  # kept: a dropped line iterator closes its stream
+        for line in lines[:3]:
+            next(line)  # three rows are running, the fourth waits in the queue
         assert batcher.running == 3
         busy = http.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
         assert busy.status_code == 429 and "3 requests running and 1 waiting" in busy.json()["error"]["message"]
         streams[0].__exit__(None, None, None)  # one client goes away: its row leaves, the queued one joins
-        next(responses[3].iter_lines())
+        next(lines[3])
         for s in streams[1:]:
             s.__exit__(None, None, None)
     end = time.time() + 5

@@ -21,11 +21,12 @@ from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.models.batch_costs import batch_cost_surface, fit_max_batch, plan_budgets
 from quickdraft.models.batched import BatchedTarget
 from quickdraft.models.delta import SHIPPED_FOR
+from quickdraft.models.graphs import StaticBatchForward
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.native_cache import NativeCachedModel
 from quickdraft.models.quant import parse_quantize
 from quickdraft.models.quantized import quantize_model
-from quickdraft.models.runtime import cached_model
+from quickdraft.models.runtime import cached_model, resolve_device
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.types import GenerationResult
@@ -52,6 +53,11 @@ class Engine:
             config = options_from({"dtype": dtype}, config)
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
+        self.device = resolve_device(config.device)
+        if self.device != "cpu" and (config.method == "pearl" or parse_quantize(config.quantize).active):
+            raise QuickdraftError(f"--device {self.device}: PEARL and quantized targets run on the CPU only so far")
+        if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
+            target.model.to(self.device)
         self.quantized = quantize_model(target, config.quantize) if parse_quantize(config.quantize).active else None
         linears = self.quantized.linears if self.quantized is not None else None
         self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime, linears=linears)
@@ -115,7 +121,9 @@ class Engine:
     def _start(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig):
         self.check_length(len(prompt_ids), stop.max_new_tokens)
         decoder = self.method.build(self.parts, sampling)
-        rounds = decoder.rounds(prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed))
+        rounds = decoder.rounds(
+            prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed, self.device)
+        )
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
         collector = Collector(stop, detokenize, decoder.lossy)
         collector.stats.verifier = decoder.verifier.name if decoder.verifier is not None else ""
@@ -176,9 +184,12 @@ class Engine:
         plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width)
         return plan, fit_max_batch(surface, plan_budgets(surface, gain, fixed if not auto else None), gain)
 
-    def batch_decoder(self, max_batch: int | None = None, prefill_chunk: int = 128) -> BatchDecoder:
+    def batch_decoder(
+        self, max_batch: int | None = None, prefill_chunk: int = 128, graphs: bool | None = None
+    ) -> BatchDecoder:
         """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
-        with `max_batch` rows (default: fitted to this host)."""
+        with `max_batch` rows (default: fitted to this host). `graphs`: the static, CUDA-graphed
+        forward (models/graphs.py; default: on a CUDA device; False on a CPU runs the dynamic one)."""
         reason = self.batch_unsupported()
         if reason is not None:
             raise QuickdraftError(f"batched decoding is not available: {reason}")
@@ -187,6 +198,8 @@ class Engine:
             raise QuickdraftError(f"max_batch must be >= 1, got {max_batch}")
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
         target = BatchedTarget(self.target, max_batch or fitted)
+        if graphs if graphs is not None else self.device == "cuda":
+            target.static = StaticBatchForward(target, self.target.max_length, graphs=self.device == "cuda")
         return BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
 
     def generate_batch(

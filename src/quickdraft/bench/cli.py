@@ -30,6 +30,12 @@ def add_bench_parser(sub, add_model_flags) -> None:
     bench.add_argument(
         "--quick", action="store_true", help="preset: 1 prompt per category, 64 new tokens, 2 runs (explicit flags win)"
     )
+    bench.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="also run each run's prompts as one continuous batch of at most N rows (0: fitted to the host)",
+    )
     bench.add_argument("--out", default="bench-out", help="output folder")
     add_model_flags(bench)
     bench.set_defaults(func=_cmd_bench)
@@ -73,6 +79,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         runtime=model.runtime,
         device=model.device,
         quantize=model.quantize,
+        batch=args.batch,
         out=args.out,
         command="quickdraft " + shlex.join(sys.argv[1:]),
     )

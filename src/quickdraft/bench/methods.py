@@ -160,6 +160,20 @@ class QuickdraftMethod:
             units,
         )
 
+    def run_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, max_batch: int | None
+    ) -> tuple[list[list[int]], float] | None:
+        """Every prompt in one continuous batch (`Engine.generate_batch`, at most `max_batch` rows,
+        None: fitted): (outputs, wall seconds), or None when this method cannot batch."""
+        if self.engine.batch_unsupported() is not None:
+            return None
+        self.engine.batch_plan()  # the host's batched costs are measured before the clock starts
+        request = request_from({"max_new_tokens": max_new_tokens})
+        stop = request.stop_config(self.engine.target_info.eos_token_ids)
+        start = time.perf_counter()
+        results = self.engine.generate_batch(prompts, request.sampling, stop, max_batch)
+        return [r.token_ids for r in results], time.perf_counter() - start
+
     def close(self) -> None:
         self.engine.close()
 

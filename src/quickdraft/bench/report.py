@@ -92,6 +92,20 @@ def render_report(summary: dict, plots: list[str]) -> str:
         *_category_table(summary),
         "",
     ]
+    if summary.get("batched"):
+        lines += [
+            "Batched: every prompt of a run in one continuous batch (`--batch`), against the same method one "
+            "prompt at a time in this run:",
+            "",
+            "| method | max batch | batched tokens/s | one at a time tokens/s | ratio | outputs equal |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m, b in summary["batched"].items():
+            lines.append(
+                f"| {m} | {b['max_batch']} | {b['tokens_per_s']:.1f} | {b['one_at_a_time_tokens_per_s']:.1f} | "
+                f"{b['throughput_ratio']:.2f}x | {b['matches_one_at_a_time']:.0%} |"
+            )
+        lines.append("")
     lines += [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -43,6 +43,7 @@ class BenchConfig:
     runtime: str = "auto"
     device: str = "auto"
     quantize: str = "none"  # the default weights of our methods (a method's own quantize= key wins)
+    batch: int | None = None  # also run each run's prompts as one continuous batch (0: max batch fitted)
     out: str = "bench-out"
     command: str = ""
     extra: dict = field(default_factory=dict)
@@ -130,9 +131,12 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                     fh.write(json.dumps(row) + "\n")
                     bar.set_postfix_str(f"{text[:24]} {row['new_tokens'] / max(res.wall_s, 1e-9):.1f} tok/s")
                     bar.update()
+    batched = _batched(methods, records, prompt_ids, rows, config) if config.batch is not None else None
     for m in methods.values():  # stop worker processes (parallel PEARL)
         m.close()
     summary = summarize(rows)
+    if batched is not None:
+        summary["batched"] = batched
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
     summary["prompt_set"] = {
@@ -153,3 +157,36 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary
+
+
+def _batched(methods: dict, records, prompt_ids: dict, rows: list[dict], config: BenchConfig) -> dict:
+    """Each method that can batch runs every prompt of a run in one continuous batch, `config.runs`
+    times: aggregate tokens/s beside the same method's one-at-a-time tokens/s of this bench run, and
+    the share of outputs equal to its one-at-a-time outputs."""
+    prompts = [prompt_ids[r.question_id] for r in records]
+    out = {}
+    for text, method in methods.items():
+        if not hasattr(method, "run_batch"):
+            continue
+        alone = {(r["question_id"], r["run"]): r for r in rows if r["method"] == text}
+        tokens = walls = same = 0
+        for run in range(config.runs):
+            got = method.run_batch(prompts, config.max_new_tokens, config.batch or None)
+            if got is None:
+                break
+            outputs, wall = got
+            tokens, walls = tokens + sum(map(len, outputs)), walls + wall
+            same += sum(o == alone[(r.question_id, run)]["token_ids"] for o, r in zip(outputs, records, strict=True))
+        if not walls:
+            continue
+        seq_tokens = sum(r["new_tokens"] for r in alone.values())
+        seq_wall = sum(r["wall_s"] for r in alone.values())
+        rate, seq_rate = tokens / walls, seq_tokens / seq_wall
+        out[text] = {
+            "max_batch": config.batch or "fitted",
+            "tokens_per_s": round(rate, 2),
+            "one_at_a_time_tokens_per_s": round(seq_rate, 2),
+            "throughput_ratio": round(rate / seq_rate, 2),
+            "matches_one_at_a_time": round(same / (len(prompts) * config.runs), 3),
+        }
+    return out

@@ -238,7 +238,7 @@ class BatchDecoder:
         return updates
 
     def _join(self, job: _Waiting, logits) -> BatchUpdate:
-        gens = Generators.from_seed(job.sampling.seed)
+        gens = Generators.from_seed(job.sampling.seed, self.target.net.device)
         token = pick_token(logits, job.sampling, gens.target)
         self.target.adopt()
         drafter = self.drafter.fork() if self.drafter is not None else None

@@ -36,11 +36,13 @@ class Generators:
     seed: int | None = None  # what they were made from (a worker process rebuilds them from it)
 
     @classmethod
-    def from_seed(cls, seed: int | None) -> Generators:
+    def from_seed(cls, seed: int | None, device: str | torch.device = "cpu") -> Generators:
+        """Both streams from one seed (None: a fresh one), on `device` (the models' device: samples
+        and uniforms are drawn where the probabilities are)."""
         seed = random.SystemRandom().randrange(2**62) if seed is None else seed
         return cls(
-            target=torch.Generator().manual_seed(seed),
-            draft=torch.Generator().manual_seed((seed * 1_000_003 + 7) % 2**63),
+            target=torch.Generator(device=device).manual_seed(seed),
+            draft=torch.Generator(device=device).manual_seed((seed * 1_000_003 + 7) % 2**63),
             seed=seed,
         )
 

@@ -126,7 +126,7 @@ class SpeculativeDecoder:
             raw = self.verifier.reads_logits  # Spec-Verification reads logit gaps
             p = (logits if raw else logits_to_probs(logits, sampling)).unsqueeze(0)  # (1, k+1, V)
             q = draft.path_q()
-            tokens = draft.tensor().unsqueeze(0)
+            tokens = draft.tensor().unsqueeze(0).to(p.device)
             verdict = self.verifier(tokens, None if q is None else q.unsqueeze(0), p, gens.target)
             return list(range(int(verdict.num_accepted[0]))), int(verdict.next_tokens[0])
         if sampling.greedy:

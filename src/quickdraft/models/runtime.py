@@ -44,13 +44,12 @@ def cached_model(
 
 
 def resolve_device(device: str) -> str:
-    """The device models run on. cuda without a CUDA device is a clear error. The CUDA path itself is
-    not built yet (the decode loops sample with CPU generators), so auto is cpu and an explicit cuda
-    is refused with that reason rather than run half-way."""
+    """The device models run on: cpu, or cuda (auto: cuda when a CUDA device is present). cuda
+    without a CUDA device is a clear error."""
     if device not in DEVICES:
         raise QuickdraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
-        raise QuickdraftError("--device cuda: the CUDA path is not implemented yet; use --device cpu")
-    return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device

@@ -42,12 +42,12 @@ def speculative_verify(
     safe = draft_tokens.clamp(0, V - 1).unsqueeze(-1)  # (B, k, 1)
     p_d = p_probs[:, :k].gather(-1, safe).squeeze(-1)  # (B, k)
     q_d = torch.ones_like(p_d) if q_probs is None else q_probs.gather(-1, safe).squeeze(-1)
-    u = torch.rand((B, k), generator=generator, dtype=p_probs.dtype)
+    u = torch.rand((B, k), generator=generator, dtype=p_probs.dtype, device=p_probs.device)
     # strict "<": a token with p = 0 is never accepted, even when u == 0
     accept = valid & (u < p_d / (lenience * q_d).clamp_min(torch.finfo(p_d.dtype).tiny))
     num_accepted = accept.long().cumprod(-1).sum(-1)  # (B,)
 
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=p_probs.device)
     p_next = p_probs[rows, num_accepted]  # (B, V)
     q_next = torch.zeros_like(p_next)  # zero q row => bonus token from p itself
     rejected = num_accepted < k

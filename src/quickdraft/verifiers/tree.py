@@ -139,7 +139,7 @@ def verify_tree_sampling(
         tree: the drafted tree with its q rows.
         p_rows: (n+1, V) processed target probabilities.
     """
-    u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype)
+    u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype, device=p_rows.device)
     kids = tree.children_map()
     node, path = -1, []
     while True:

@@ -1,0 +1,79 @@
+"""The CUDA path (issue #27), on tiny in-process models: the same outputs on the GPU as on the CPU,
+device generators, the graphed batched forward equal to the eager one. Every test here needs a CUDA
+device and skips without one (CI has none); `scripts/gpu_check.sh` runs them where one is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import Engine, EngineConfig
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding.common import Generators
+from quickdraft.models.batched import BatchedTarget, RowBlock
+from quickdraft.models.graphs import StaticBatchForward
+from quickdraft.models.native_cache import NativeCachedModel
+
+from conftest import tiny_llama, tiny_text_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh)"),
+]
+
+
+def test_native_forward_on_cuda_equals_cpu():
+    model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float32).model
+    cpu = NativeCachedModel(model)
+    want = cpu.extend(list(range(3, 40)))
+    gpu = NativeCachedModel(model.to("cuda"))
+    got = gpu.extend(list(range(3, 40)))
+    assert got.device.type == "cuda" and torch.allclose(got.cpu(), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("method,drafter", [("ar", "ngram"), ("sd", "ngram"), ("sd", "suffix:none")])
+def test_greedy_generation_on_cuda_equals_cpu(method, drafter):
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    outs = {}
+    for device in ("cpu", "cuda"):
+        target = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64)
+        engine = Engine(target, EngineConfig(method=method, drafter=drafter, device=device))
+        outs[device] = engine.generate_ids(prompt, SamplingConfig(), StopConfig(32))
+    assert outs["cuda"].token_ids == outs["cpu"].token_ids
+    assert method == "ar" or outs["cuda"].stats.num_accepted_draft_tokens > 0  # speculation happened
+
+
+def test_sampling_uses_device_generators():
+    target = tiny_text_model(dtype=torch.float32)
+    engine = Engine(target, EngineConfig(drafter="suffix:none", device="cuda"))
+    a = engine.generate("abcabc", max_new_tokens=24, temperature=1.0, seed=3)
+    b = engine.generate("abcabc", max_new_tokens=24, temperature=1.0, seed=3)
+    assert a.token_ids == b.token_ids  # seeded on the device
+    assert Generators.from_seed(1, "cuda").target.device.type == "cuda"
+
+
+def test_graphed_batch_forward_equals_eager():
+    model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float32).model.to("cuda")
+    eager, graphed = BatchedTarget(NativeCachedModel(model), 4), BatchedTarget(NativeCachedModel(model), 4)
+    graphed.static = StaticBatchForward(graphed, 256, graphs=True)
+    for t in (eager, graphed):
+        for p in ([5, 6, 7, 8], [9, 10], list(range(11, 30))):
+            t.prefill(p, first=True)
+            t.adopt()
+    for _ in range(3):  # capture, then replays
+        blocks = [RowBlock([1, 2, 3]), RowBlock([4]), RowBlock([5, 6])]
+        for x, y in zip(eager.forward(blocks), graphed.forward(blocks), strict=True):
+            assert torch.allclose(x, y, atol=1e-4)
+        for t in (eager, graphed):
+            for row, block in enumerate(blocks):
+                t.commit(row, range(len(block.tokens)))
+    assert graphed.static.captured and graphed.static.replays == 3
+
+
+def test_batched_engine_on_cuda_equals_lone_requests():
+    target = tiny_text_model(dtype=torch.float32)
+    engine = Engine(target, EngineConfig(drafter="suffix:none", device="cuda"))
+    prompts = ["abcabcabc", "hello hello", "the cat. the cat."]
+    alone = [engine.generate(p, max_new_tokens=24).token_ids for p in prompts]
+    together = [r.token_ids for r in engine.generate(prompts, max_new_tokens=24)]
+    assert together == alone
