@@ -163,7 +163,9 @@ def main() -> int:
     prompts = spec_bench_prompts(args.prompts, args.requests)
     import torch
 
-    host = f"{platform.processor() or platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+    from quickdraft.models.timing import cpu_model
+
+    host = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, {platform.machine()}"
     report = {"host": host, "max_tokens": args.max_tokens, "server_args": extra, "configs": {}}
     for label in args.configs.split(","):
         report["configs"][label] = sweep(CONFIGS[label] + extra, prompts, levels, args.max_tokens)

@@ -16,7 +16,8 @@ from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import batch as batch_mod
 from quickdraft.decoding.autoregressive import Autoregressive
-from quickdraft.decoding.batch import BatchDecoder, BatchPlan, run_batch
+from quickdraft.decoding.batch import BatchDecoder, run_batch
+from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import collect
 from quickdraft.decoding.common import Generators
 from quickdraft.drafters.ngram import PromptLookupDrafter

@@ -13,7 +13,8 @@ import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators
-from quickdraft.decoding.batch import BatchDecoder, BatchPlan, run_batch
+from quickdraft.decoding.batch import BatchDecoder, run_batch
+from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter

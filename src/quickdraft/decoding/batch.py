@@ -26,88 +26,14 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
-from quickdraft.drafters.base import Drafter, DraftRequest
-from quickdraft.drafters.tree import TreeShape
-from quickdraft.models.batch_costs import plan_budgets
+from quickdraft.drafters.base import Drafter
 from quickdraft.models.batched import BatchedTarget, RowBlock
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
-
-
-class BatchPlan:
-    """The draft budget per row by batch size, calibrated by what the rows accept.
-
-    With a gain table (expected tokens per forward by budget: the suffix drafter's) and the host's
-    batched cost surface, each batch size gets the budget maximising tokens per second
-    (`models.batch_costs.plan_budgets`). The table was measured offline, so its extra tokens
-    (gain - 1) are scaled by the ratio of the extra tokens the rows actually accept to what the
-    table promised for the budgets they drafted with (a prior of `prior` rounds at the table's
-    value), and the budgets are re-planned every `replan` rounds: where drafts are accepted less
-    than the table says, speculation stops at a smaller batch. Without a gain table the budget is
-    `fixed` at every size (0: no speculation).
-
-    Args:
-        surface: {(rows, width): relative cost} (models/batch_costs.py); None with `fixed`.
-        gain: the drafter's gain table, or None.
-        fixed: the budget when there is no gain table.
-        trees: drafts are trees of the budget (else chains of that length).
-        tree_width: a tree's width.
-    """
-
-    def __init__(
-        self,
-        surface: dict | None,
-        gain: dict[int, float] | None = None,
-        fixed: int = 0,
-        trees: bool = True,
-        tree_width: int = 8,
-        prior: float = 32.0,
-        replan: int = 8,
-    ) -> None:
-        self.surface, self.gain, self.fixed = surface, dict(gain) if gain else None, fixed
-        self.trees, self.tree_width, self.replan = trees, tree_width, replan
-        self.promised, self.accepted = prior, prior  # extra tokens: the table's, the rows'
-        self._since = 0
-        self.budgets = self._plan()
-
-    @property
-    def scale(self) -> float:
-        """Accepted extra tokens over the table's promise, so far."""
-        return self.accepted / self.promised
-
-    def _plan(self) -> dict[int, int]:
-        if not self.gain or self.surface is None:
-            return {1: self.fixed}
-        scaled = {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()}
-        return plan_budgets(self.surface, scaled)
-
-    def budget(self, rows: int) -> int:
-        sizes = sorted(self.budgets)
-        fit = [s for s in sizes if s >= rows]
-        return self.budgets[fit[0] if fit else sizes[-1]]
-
-    def request(self, rows: int, room: int) -> DraftRequest | None:
-        """What each of `rows` rows asks its drafter for, with `room` tokens left (None: nothing)."""
-        budget = min(self.budget(rows), room)
-        if budget < 1:
-            return None
-        return DraftRequest.tree(TreeShape(budget, self.tree_width)) if self.trees else DraftRequest.chain(budget)
-
-    def observe(self, drafted: list[tuple[int, int]]) -> None:
-        """One round's (budget asked, draft tokens accepted) of each row that drafted."""
-        if not self.gain or not drafted:
-            return
-        for budget, accepted in drafted:
-            key = min(self.gain, key=lambda k: abs(k - budget))
-            self.promised += self.gain[key] - 1.0
-            self.accepted += accepted
-        self._since += 1
-        if self._since >= self.replan:
-            self._since = 0
-            self.budgets = self._plan()
 
 
 @dataclass
