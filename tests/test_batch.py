@@ -236,3 +236,19 @@ def test_static_forward_equals_the_dynamic_one(model):
     assert target.static.replays > 0
     with pytest.raises(ValueError, match="CUDA device"):
         StaticBatchForward(target, 96, graphs=True)
+
+
+def test_graphs_switch_runs_lone_requests_on_the_static_forward():
+    """`graphs=on` (what CUDA gets by default): a lone request is a batch of one over the static
+    forward (eager on a CPU), equal to the plain loop; a bad setting is refused by name."""
+    target = tiny_text_model(dtype=torch.float64)
+    plain = Engine(target, EngineConfig(drafter="suffix:none", graphs="off"))
+    static = Engine(target, EngineConfig(drafter="suffix:none", graphs="on"))
+    for prompt in ("abcabcabcab", "hello hello hello"):
+        want = plain.generate(prompt, max_new_tokens=24)
+        got = static.generate(prompt, max_new_tokens=24)
+        assert got.token_ids == want.token_ids and got.text == want.text
+        assert got.stats.num_accepted_draft_tokens > 0  # speculation happened
+    assert static.parts.memo["lone_decoder"].target.static.replays > 0
+    with pytest.raises(QuickdraftError, match="graphs"):
+        EngineConfig(graphs="maybe")

@@ -59,6 +59,7 @@ class Engine:
             raise QuickdraftError(f"--device {self.device}: PEARL and quantized targets run on the CPU only so far")
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
+        self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
         self.quantized = quantize_model(target, config.quantize) if parse_quantize(config.quantize).active else None
         linears = self.quantized.linears if self.quantized is not None else None
         self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime, linears=linears)
@@ -135,7 +136,13 @@ class Engine:
         self.parts.close()
 
     def generate_ids(self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig) -> GenerationResult:
-        """Generate from token ids (validated against the context length)."""
+        """Generate from token ids (validated against the context length). With `graphs` on and a
+        batchable engine, one request runs as a batch of one over the static (graphed) forward."""
+        if self.graphs and self.batch_unsupported() is None:
+            self.check_length(len(prompt_ids), stop.max_new_tokens)
+            if "lone_decoder" not in self.parts.memo:  # its graphs are captured once, then replayed
+                self.parts.memo["lone_decoder"] = self.batch_decoder(max_batch=1)
+            return run_batch(self.parts.memo["lone_decoder"], [(prompt_ids, sampling, stop)])[0].result()
         return run_to_end(*self._start(prompt_ids, sampling, stop))
 
     def stream_ids(
@@ -190,7 +197,8 @@ class Engine:
     ) -> BatchDecoder:
         """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
         with `max_batch` rows (default: fitted to this host). `graphs`: the static, CUDA-graphed
-        forward (models/graphs.py; default: on a CUDA device; False on a CPU runs the dynamic one)."""
+        forward (models/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
+        shapes eagerly)."""
         reason = self.batch_unsupported()
         if reason is not None:
             raise QuickdraftError(f"batched decoding is not available: {reason}")
@@ -199,7 +207,7 @@ class Engine:
             raise QuickdraftError(f"max_batch must be >= 1, got {max_batch}")
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
         target = BatchedTarget(self.target, max_batch or fitted)
-        if graphs if graphs is not None else self.device == "cuda":
+        if graphs if graphs is not None else self.graphs:
             target.static = StaticBatchForward(target, self.target.max_length, graphs=self.device == "cuda")
         return BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
 

@@ -45,6 +45,8 @@ class EngineConfig:
         threads: torch CPU threads (None: torch's choice).
         runtime: auto | native | hf, the forward that runs the models (models/runtime.py).
         device: auto | cpu | cuda.
+        graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
+            CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.
         quantize: the target's weights: none | int8 | int4[:G] | gguf (models/quant.py); a quantized
             target is a different model, and speculation is lossless with respect to it.
         drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter).
@@ -61,6 +63,7 @@ class EngineConfig:
     runtime: str = "auto"
     device: str = "auto"
     quantize: str = "none"
+    graphs: str = "auto"
     drafter_stages: tuple[DrafterSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class EngineConfig:
         if self.runtime not in RUNTIMES:
             raise QuickdraftError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
         resolve_device(self.device)  # cuda without CUDA: refused here, before any model loads
+        if self.graphs not in ("auto", "on", "off"):
+            raise QuickdraftError(f"unknown graphs setting {self.graphs!r}; choose auto, on or off")
         quant = parse_quantize(self.quantize)
         if quant.active and self.runtime == "hf":
             raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
@@ -200,6 +205,9 @@ OPTIONS: dict[str, Option] = {
         Option("threads", ("threads",), int, "torch CPU threads (default: torch's choice)"),
         Option("runtime", ("runtime",), str, "native forward where supported (auto), or always native or hf", RUNTIMES),
         Option("device", ("device",), str, "auto | cpu | cuda", DEVICES),
+        Option(
+            "graphs", ("graphs",), str, "static shapes + CUDA graphs: auto (on CUDA) | on | off", ("auto", "on", "off")
+        ),
         Option(
             "quantize",
             ("quantize",),

@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
@@ -33,7 +35,7 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.models.batched import BatchedTarget, RowBlock
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
-from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
+from quickdraft.verifiers.tree import TokenTree, follow_greedy, verify_tree_sampling
 
 
 @dataclass
@@ -186,10 +188,14 @@ class BatchDecoder:
             for row, d in zip(self.rows, drafts, strict=True)
         ]
         logits = self.target.forward(blocks)
+        best = torch.cat(logits).argmax(-1).tolist()  # every row's argmax: one read from the device
+        offsets = [0]
+        for out in logits:
+            offsets.append(offsets[-1] + out.shape[0])
         updates, drafted = [], []
         for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits, strict=True)):
             if row.sampling.greedy:
-                path, nxt = verify_tree_greedy(draft, out) if len(draft) else ([], int(out[0].argmax()))
+                path, nxt = follow_greedy(draft, best[offsets[i] : offsets[i + 1]])
             else:
                 path, nxt = verify_tree_sampling(draft, logits_to_probs(out, row.sampling), row.gens.target)
             self.target.commit(i, [0] + [1 + j for j in path])
