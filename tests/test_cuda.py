@@ -77,3 +77,21 @@ def test_batched_engine_on_cuda_equals_lone_requests():
     alone = [engine.generate(p, max_new_tokens=24).token_ids for p in prompts]
     together = [r.token_ids for r in engine.generate(prompts, max_new_tokens=24)]
     assert together == alone
+
+
+def test_distill_trains_on_cuda(tmp_path):
+    """`distill --device cuda`: both models and every batch on the GPU, bf16 autocast, on-policy
+    generation included: every step gives a finite loss."""
+    from test_distill import _examples
+
+    from quickdraft.distill.student import make_student
+    from quickdraft.distill.trainer import DistillConfig, Distiller
+
+    target = tiny_llama(vocab=32, layers=3, seed=0)
+    student = make_student(target, "truncated:1")
+    cfg = DistillConfig(
+        output=str(tmp_path / "run"), steps=6, batch_size=4, max_response_tokens=6, mix="fixed=1,target=1,draft=1"
+    )
+    history = Distiller(target, student, _examples(), cfg, device="cuda").train(progress=False)
+    assert next(student.model.parameters()).device.type == "cuda"
+    assert len(history) == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in history)

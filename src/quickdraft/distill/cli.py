@@ -95,15 +95,16 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     e.set_defaults(func=cmd_distill_eval)
 
 
-def _threads(n: int | None, device: str = "auto") -> None:
-    """Apply --threads and check --device (the same rule as every other command)."""
+def _threads(n: int | None, device: str = "auto") -> str:
+    """Apply --threads and resolve --device (the same rule as every other command)."""
     from quickdraft.models.runtime import resolve_device
 
-    resolve_device(device)
+    resolved = resolve_device(device)
     if n is not None:
         if n < 1:
             raise QuickdraftError("--threads must be >= 1")
         torch.set_num_threads(n)
+    return resolved
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
@@ -112,7 +113,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from quickdraft.distill.trainer import DistillConfig, Distiller
     from quickdraft.models.loading import load_model
 
-    _threads(args.threads, args.device)
+    device = _threads(args.threads, args.device)
     config = DistillConfig(
         output=args.output,
         init=args.init,
@@ -140,7 +141,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     if not args.cache:
         examples = sharegpt_examples(target.tokenizer, "train", limit=args.train_examples, path=args.data)
     student = make_student(target, args.init)
-    distiller = Distiller(target, student, examples, config)
+    distiller = Distiller(target, student, examples, config, device)
     history = distiller.train(progress=not args.no_progress)
     if student.init.startswith("truncated:"):
         meta = {"target": target.name, "command": "quickdraft " + shlex.join(args.argv), "steps": args.steps}

@@ -53,6 +53,12 @@ class Batch:
     def num_scored(self) -> int:
         return int(self.loss_mask.sum())
 
+    def to(self, device: str | torch.device) -> Batch:
+        """The same batch on `device` (a no-op where it already is)."""
+        move = (lambda t: t.to(device)) if str(device) != str(self.input_ids.device) else (lambda t: t)
+        top = None if self.p_top is None else (move(self.p_top[0]), move(self.p_top[1]))
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.loss_mask), self.source, top)
+
 
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
     """Yield ShareGPT records one by one. The shipped file is cut off mid-record: stop at the tail."""
@@ -204,8 +210,8 @@ class Sampled:
         greedy = self.temperature == 0
         how = {"do_sample": False} if greedy else {"do_sample": True, "temperature": self.temperature, "top_k": 0}
         out = model.generate(
-            input_ids=prompts.input_ids,
-            attention_mask=prompts.attention_mask,
+            input_ids=prompts.input_ids.to(model.device),
+            attention_mask=prompts.attention_mask.to(model.device),
             top_p=1.0,
             **how,
             max_new_tokens=self.max_response_tokens,

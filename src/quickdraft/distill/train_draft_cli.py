@@ -28,6 +28,7 @@ from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_option_flags
 from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
+from quickdraft.models.runtime import resolve_device
 
 KINDS = tuple(k.name for k in DRAFTER_KINDS.values() if k.trained_by == "train-draft")  # from the kind records
 
@@ -114,15 +115,6 @@ def _kinds(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(kinds))
 
 
-def _train_device(name: str) -> str:
-    """Training runs where asked: cpu, or cuda when a CUDA device exists (auto picks it)."""
-    if name not in ("auto", "cpu", "cuda"):
-        raise QuickdraftError(f"unknown device {name!r}; choose one of auto, cpu, cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
-    return "cuda" if name != "cpu" and torch.cuda.is_available() else "cpu"
-
-
 def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> Path:
     """Write a trained module (bfloat16), its restricted head ids and its provenance."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +132,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     from quickdraft.models.native import NativeLlama
 
     kinds = _kinds(args.kind)
-    device = _train_device(args.device)
+    device = resolve_device(args.device)
     if args.threads is not None:
         if args.threads < 1:
             raise QuickdraftError("--threads must be >= 1")

@@ -83,7 +83,17 @@ class DistillConfig:
 class Distiller:
     """Owns the optimizer and the run folder; `train()` runs (or resumes) to `config.steps`."""
 
-    def __init__(self, target: LoadedModel, student: Student, examples: Sequence[Example], config: DistillConfig):
+    def __init__(
+        self,
+        target: LoadedModel,
+        student: Student,
+        examples: Sequence[Example],
+        config: DistillConfig,
+        device: str = "cpu",
+    ):
+        self.device = device  # cuda: both models there, forwards under bf16 autocast
+        target.model.to(device)
+        student.model.to(device)
         self.cached: CachedData | None = None
         if config.cache:
             if config.top_k or config.top_p < 1:
@@ -166,7 +176,7 @@ class Distiller:
         state_path = self.checkpoint_dir / "trainer_state.pt"
         if not state_path.is_file():
             return False
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, map_location=self.device, weights_only=False)
         old = state["config"]
         changed = [k for k in _RESUME_KEYS if old.get(k) != getattr(self.config, k)]
         if changed:
@@ -211,7 +221,7 @@ class Distiller:
         if self.cached is not None:
             batch, ids, logp = self.cached.batch(rng, self.config.batch_size, self.pad_id)
             batch.p_top = (ids, logp)
-            return batch
+            return batch.to(self.device)
         source = self.mixture.pick(rng)
         exs = [self.examples[rng.randrange(len(self.examples))] for _ in range(self.config.batch_size)]
         gen = self.mixture.generators[source]
@@ -222,20 +232,23 @@ class Distiller:
             draft=self.student.model,
             eos_ids=self.eos_ids,
             generator_seed=self.config.seed * 7919 + step,
-        )
+        ).to(self.device)
 
     def train_step(self, batch: Batch) -> tuple[float, float]:
         """One optimizer step on a batch; returns (loss, expected acceptance sum min(p, q))."""
         self.student.model.train()
+        cuda = self.device == "cuda"
         if batch.p_top is not None:
-            q_logits = scored_logits(self.student.model, batch)
-            loss, acc = topk_divergence(*batch.p_top, q_logits, self.config.divergence, self.config.temperature)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                q_logits = scored_logits(self.student.model, batch)
+            loss, acc = topk_divergence(*batch.p_top, q_logits.float(), self.config.divergence, self.config.temperature)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
                 p_logits = scored_logits(self.target.model, batch)
-            q_logits = scored_logits(self.student.model, batch)
-            mask = torch.ones(p_logits.shape[0], dtype=torch.bool)
-            loss, acc = distill_loss(p_logits, q_logits, mask, self.divergence, self.proc)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                q_logits = scored_logits(self.student.model, batch)
+            mask = torch.ones(p_logits.shape[0], dtype=torch.bool, device=p_logits.device)
+            loss, acc = distill_loss(p_logits.float(), q_logits.float(), mask, self.divergence, self.proc)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in self.student.model.parameters() if p.requires_grad], 1.0)
         self.optimizer.step()
