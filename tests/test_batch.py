@@ -252,3 +252,19 @@ def test_graphs_switch_runs_lone_requests_on_the_static_forward():
     assert static.parts.memo["lone_decoder"].target.static.replays > 0
     with pytest.raises(QuickdraftError, match="graphs"):
         EngineConfig(graphs="maybe")
+
+
+def test_a_shared_prompt_prefix_is_prefilled_once(model):
+    """A prompt that begins like the previous one (a chat template's system prompt) keeps that
+    prefix in the prefill cache: fewer prompt tokens run, the same outputs."""
+    system = list(range(3, 23))
+    prompts = [system + [30, 31, 32], system + [40, 41], system[:5] + [44], system + [30, 31, 32]]
+    target = BatchedTarget(NativeCachedModel(model), 2)
+    ran = []
+    prefill = target.prefill
+    target.prefill = lambda tokens, first=False: ran.append(len(tokens)) or prefill(tokens, first)
+    dec = BatchDecoder(target, SuffixDrafter(None), BatchPlan(None, fixed=3), prefill_chunk=8)
+    got = run_batch(dec, [(p, GREEDY, StopConfig(10)) for p in prompts])
+    assert [c.tokens for c in got] == [_alone(model, p, 10) for p in prompts]
+    # the first prompt whole, then what each prompt does not share with the one before it
+    assert sum(ran) == 23 + 2 + 1 + 18 and ran[:3] == [23, 2, 1]

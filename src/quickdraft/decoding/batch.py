@@ -2,7 +2,8 @@
 
 `BatchDecoder.step()` is one round of the whole batch:
 1. admit: waiting sequences are prefilled alone, in chunks of at most `prefill_chunk` tokens per
-   round while others run (so a long prompt never stalls them for more than one chunk), and join
+   round while others run (so a long prompt never stalls them for more than one chunk), keeping
+   the prefix a prompt shares with the previous one (a chat template's system prompt), and join
    the batch (a new row of the target's batch cache) with their first token;
 2. draft: every row asks its own drafter (a fork of the configured one) for a tree of the round's
    budget, or a chain; the budget depends on how many rows run (`BatchPlan`: on a host where a
@@ -55,6 +56,7 @@ class _Waiting:
     sampling: SamplingConfig
     stop: StopConfig
     done: int = 0  # prompt tokens prefilled so far
+    started: bool = False  # its prefill has begun in the prefill cache
     prefill_s: float = 0.0
 
 
@@ -153,10 +155,12 @@ class BatchDecoder:
         budget = self.prefill_chunk
         while self.waiting and len(self.rows) < self.target.max_batch and budget > 0:
             job = self.waiting[0]
+            start = time.perf_counter()
+            if not job.started:  # a prefix shared with the previous prompt is kept, not recomputed
+                job.done, job.started = self.target.prefill_start(job.prompt), True
             left = len(job.prompt) - job.done
             size = min(budget, left) if self.rows else left
-            start = time.perf_counter()
-            logits = self.target.prefill(job.prompt[job.done : job.done + size], first=job.done == 0)
+            logits = self.target.prefill(job.prompt[job.done : job.done + size])
             job.done += size
             job.prefill_s += time.perf_counter() - start
             budget -= size

@@ -69,9 +69,19 @@ class BatchedTarget:
     def lengths(self) -> list[int]:
         return list(self.cache.lengths)
 
-    def prefill(self, tokens: Sequence[int], first: bool) -> torch.Tensor:
-        """Run a prompt chunk through the prefill cache (`first`: the prompt's first chunk, the cache
-        is reset); returns the chunk's last (1, V) logits."""
+    def prefill_start(self, prompt: Sequence[int]) -> int:
+        """Begin prefilling `prompt` in the prefill cache, keeping the longest prefix it shares with
+        what that cache holds (the previous prompt: a chat template's system prompt, say; at most
+        all but the prompt's last token); returns how many tokens were kept (they need no forward)."""
+        held, limit, kept = self.single.tokens, min(len(self.single.tokens), len(prompt) - 1), 0
+        while kept < limit and held[kept] == prompt[kept]:
+            kept += 1
+        self.single.rollback(kept)
+        return kept
+
+    def prefill(self, tokens: Sequence[int], first: bool = False) -> torch.Tensor:
+        """Run a prompt chunk through the prefill cache after what it holds (`first`: from an empty
+        cache); returns the chunk's last (1, V) logits."""
         if first:
             self.single.reset()
         return self.single.extend(tokens, last_only=True)
