@@ -268,3 +268,21 @@ def test_a_shared_prompt_prefix_is_prefilled_once(model):
     assert [c.tokens for c in got] == [_alone(model, p, 10) for p in prompts]
     # the first prompt whole, then what each prompt does not share with the one before it
     assert sum(ran) == 23 + 2 + 1 + 18 and ran[:3] == [23, 2, 1]
+
+
+def test_caches_grow_by_doubling_and_keep_their_contents():
+    from quickdraft.models.batch_cache import BatchKVCache
+    from quickdraft.models.llama_block import KVCache
+
+    single = KVCache(2, 1, 3, torch.float64, "cpu", capacity=4, limit=20)
+    single.ensure(3)
+    single.k[:, :, :3] = torch.arange(18, dtype=torch.float64).view(2, 1, 3, 3)
+    single.length = 3
+    batch = BatchKVCache(2, 1, 3, torch.float64, "cpu", max_batch=2, capacity=2, limit=20)
+    assert batch.adopt(single) == 0 and batch.capacity == 4  # grown: max(3, 2 * 2)
+    single.ensure(9)
+    assert single.capacity == 9 and torch.equal(single.k[:, :, :3], batch.k[:, 0, :, :3])
+    batch.ensure(11)
+    assert batch.capacity == 11 and torch.equal(batch.k[:, 0, :, :3], single.k[:, :, :3])
+    with pytest.raises(ValueError, match="exceeds the model's context of 20"):
+        batch.ensure(21)

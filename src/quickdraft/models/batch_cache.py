@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.models.llama_block import KVCache
+from quickdraft.models.llama_block import KVCache, grow, grown_capacity
 
 
 class BatchKVCache:
@@ -56,16 +56,9 @@ class BatchKVCache:
 
     def ensure(self, length: int) -> None:
         """Room for `length` positions in every row."""
-        if length <= self.capacity:
-            return
-        if length > self.limit:
-            raise ValueError(f"KV cache of {length} positions exceeds the model's context of {self.limit}")
-        new = min(self.limit, max(length, 2 * self.capacity))
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = old.new_zeros((*old.shape[:3], new, old.shape[4]))
-            grown[:, :, :, : old.shape[3]] = old
-            setattr(self, name, grown)
+        if length > self.capacity:
+            new = grown_capacity(length, self.capacity, self.limit)
+            self.k, self.v = grow(self.k, 3, new), grow(self.v, 3, new)
 
     def adopt(self, cache: KVCache) -> int:
         """Copy a single sequence's cache (its `length` positions) into a new row; returns the row."""

@@ -48,16 +48,9 @@ class KVCache:
 
     def ensure(self, length: int) -> None:
         """Room for `length` positions."""
-        if length <= self.capacity:
-            return
-        if length > self.limit:
-            raise ValueError(f"KV cache of {length} positions exceeds the model's context of {self.limit}")
-        new = min(self.limit, max(length, 2 * self.capacity))
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = torch.zeros((*old.shape[:2], new, old.shape[3]), dtype=old.dtype, device=old.device)
-            grown[:, :, : old.shape[2]] = old
-            setattr(self, name, grown)
+        if length > self.capacity:
+            new = grown_capacity(length, self.capacity, self.limit)
+            self.k, self.v = grow(self.k, 2, new), grow(self.v, 2, new)
 
     def rollback(self, length: int) -> None:
         """Keep positions [0, length): a new length, nothing copied."""
@@ -79,6 +72,23 @@ class KVCache:
         self.k[layer, :, at : at + n] = k
         self.v[layer, :, at : at + n] = v
         return self.k[layer, :, : at + n], self.v[layer, :, : at + n]
+
+
+def grown_capacity(length: int, capacity: int, limit: int) -> int:
+    """The capacity a cache grows to for `length` positions: doubled (at least `length`, at most
+    `limit`); more than `limit` is an error."""
+    if length > limit:
+        raise ValueError(f"KV cache of {length} positions exceeds the model's context of {limit}")
+    return min(limit, max(length, 2 * capacity))
+
+
+def grow(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`t` with dimension `dim` grown to `size` (zeros after the old entries): one copy."""
+    shape = list(t.shape)
+    shape[dim] = size
+    grown = t.new_zeros(shape)
+    grown.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return grown
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
