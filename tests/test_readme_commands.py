@@ -138,6 +138,7 @@ GROUPS: dict[str, list[Step]] = {
     "bench": [
         _tiny("quickdraft bench --quick --methods ar,sd:drafter=ngram,hf-assisted:drafter=ngram"),
         _tiny("quickdraft bench --quick"),
+        _tiny("quickdraft bench --quick --methods ar,sd --batch 0"),
         _tiny(
             "quickdraft bench --prompts spec_bench --categories qa,rag --limit 5 --runs 3 --methods "
             "ar,sd:drafter=ngram,sd:drafter=model:/path/draft,draft_length=3,hf-assisted:drafter=ngram --out out/",
