@@ -286,3 +286,23 @@ def test_caches_grow_by_doubling_and_keep_their_contents():
     assert batch.capacity == 11 and torch.equal(batch.k[:, 0, :, :3], single.k[:, :, :3])
     with pytest.raises(ValueError, match="exceeds the model's context of 20"):
         batch.ensure(21)
+
+
+def test_rows_of_very_different_lengths_attend_in_two_groups(model):
+    """Short rows read only their own span when one row is much longer: the same logits."""
+    from quickdraft.models.batch_cache import length_groups
+
+    assert length_groups([10, 10, 10]) is None  # nothing to save
+    assert length_groups([100, 10, 12, 11]) == [([1, 2, 3], 12), ([0], 100)]
+    bt, ref = BatchedTarget(NativeCachedModel(model), 4), NativeCachedModel(model)
+    prompts = [[3 + i % 40 for i in range(150)], [5, 6], [7, 8, 9], list(range(10, 30))]
+    for p in prompts:
+        bt.prefill(p, first=True)
+        bt.adopt()
+    blocks = [RowBlock([1, 2]), RowBlock([3]), RowBlock([4, 5]), RowBlock([6])]
+    out = bt.forward(blocks)
+    assert bt.cache.groups == [([1, 2, 3], 22), ([0], 152)]
+    for p, block, logits in zip(prompts, blocks, out, strict=True):
+        ref.reset()
+        ref.extend(p)
+        assert torch.allclose(ref.extend(block.tokens), logits, atol=1e-10)

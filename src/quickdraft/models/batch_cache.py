@@ -12,6 +12,7 @@ in one copy of at most the round's width).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from quickdraft.models.llama_block import KVCache, grow, grown_capacity
 
@@ -45,6 +46,7 @@ class BatchKVCache:
         self.lengths: list[int] = []  # committed positions of each running row
         self.starts = torch.zeros(0, dtype=torch.long)  # (B,) where the current forward writes
         self.span = 0  # positions the current forward's attention reads
+        self.groups: list[tuple[list[int], int]] | None = None  # (rows, span) groups of that forward
 
     @property
     def rows(self) -> int:
@@ -85,11 +87,33 @@ class BatchKVCache:
 
     def begin(self, width: int) -> torch.Tensor:
         """Prepare a forward of `width` new positions per row (padded): returns the (B,) starts and
-        sets the span its attention reads (the longest row's length + width)."""
+        sets the span its attention reads (the longest row's length + width) and the row groups
+        that read less (`length_groups`)."""
         self.span = max(self.lengths) + width
         self.ensure(self.span)
         self.starts = torch.tensor(self.lengths, dtype=torch.long, device=self.k.device)
+        self.groups = length_groups([n + width for n in self.lengths])
         return self.starts
+
+    def attend(
+        self, layer: int, at: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Store each row's (B, kv_heads, T, d) keys and values (`write`), then attend its (B, heads,
+        T, d) queries under `mask` ((B, 1, T, span)): the whole span at once, or, when rows differ
+        much in length, each group of rows over its own span only (what lies beyond a row's own
+        positions is masked either way): (B, heads, T, d)."""
+        keys, values = self.write(layer, at, k, v)
+        if keys.dtype != q.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if self.groups is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = torch.empty_like(q)
+        for rows, span in self.groups:
+            idx = torch.tensor(rows, device=q.device)
+            out[idx] = F.scaled_dot_product_attention(
+                q[idx], keys[idx, :, :span], values[idx, :, :span], attn_mask=mask[idx, :, :, :span], enable_gqa=True
+            )
+        return out
 
     def write(
         self, layer: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -112,3 +136,19 @@ class BatchKVCache:
             r = t[:, row]  # a view: (layers, kv_heads, capacity, d)
             r[:, :, start : start + keep.numel()] = r[:, :, src]
         self.lengths[row] = start + keep.numel()
+
+
+def length_groups(spans: list[int], saving: float = 0.6) -> list[tuple[list[int], int]] | None:
+    """Rows split in two by the positions they read (`spans`, the rows' lengths + the width): the
+    split (shorter rows | longer rows) that reads the fewest positions, when it reads at most
+    `saving` of what every row reading the longest span does; else None (one attention call)."""
+    order = sorted(range(len(spans)), key=spans.__getitem__)
+    whole = len(spans) * spans[order[-1]]
+    best, cut = whole, None
+    for i in range(1, len(order)):
+        cost = i * spans[order[i - 1]] + (len(order) - i) * spans[order[-1]]
+        if cost < best:
+            best, cut = cost, i
+    if cut is None or best > saving * whole:
+        return None
+    return [(sorted(order[:cut]), spans[order[cut - 1]]), (sorted(order[cut:]), spans[order[-1]])]

@@ -66,7 +66,7 @@ class StaticBatchForward:
 
     def _run(self, buf: dict[str, torch.Tensor]) -> torch.Tensor:
         cache = self.target.cache
-        cache.starts, cache.span = buf["starts"], self.capacity
+        cache.starts, cache.span, cache.groups = buf["starts"], self.capacity, None  # static: one call
         return self.target.net.forward_batch(cache, buf["ids"], buf["positions"], buf["mask"])
 
     def _capture(self, width: int, buf: dict[str, torch.Tensor]) -> None:

@@ -65,6 +65,16 @@ class KVCache:
             t[layers, :, dst : dst + rows.numel()] = t[layers, :, rows]
         self.length = dst + rows.numel()
 
+    def attend(
+        self, layer: int, at: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Store (kv_heads, T, d) keys and values at at..at+T of `layer`, then attend (heads, T, d)
+        queries over [0, at + T) under `mask` ((T, at + T) bool, None: everything): (heads, T, d)."""
+        keys, values = self.write(layer, at, k, v)
+        if keys.dtype != q.dtype:  # a cache kept in another dtype than the activations
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+
     def write(self, layer: int, at: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (kv_heads, n, head_dim) keys and values at positions at..at+n of `layer`; returns the
         layer's keys and values over [0, at + n) in the cache's dtype."""
@@ -163,16 +173,8 @@ class Block:
         if cache is None:
             causal = mask is None and q.shape[-2] > 1
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-        else:
-            keys, values = cache.write(layer, at, k, v)  # ([B,] kv_heads, S, d)
-            if keys.dtype != q.dtype:  # a cache kept in another dtype than the activations
-                keys, values = keys.to(q.dtype), values.to(q.dtype)
-            one = keys.dim() == 3  # one sequence; a batch cache gives (B, kv_heads, S, d)
-            out = F.scaled_dot_product_attention(
-                q[None] if one else q, keys[None] if one else keys, values[None] if one else values,
-                attn_mask=mask, enable_gqa=True,
-            )  # fmt: skip
-            out = out[0] if one else out  # ([B,] heads, T, d)
+        else:  # the cache stores the new keys and values and reads its own (batch_cache: by row groups)
+            out = cache.attend(layer, at, q, k, v, mask)  # ([B,] heads, T, d)
         out = out.transpose(-3, -2).flatten(-2)
         return self.wo(out if rows is None else out[rows])
 
