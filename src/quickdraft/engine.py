@@ -19,7 +19,7 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.models.batch_costs import batch_cost_surface, fit_max_batch, plan_budgets
+from quickdraft.models.batch_costs import BATCHES, batch_cost_surface, fit_max_batch, plan_budgets
 from quickdraft.models.batched import BatchedTarget
 from quickdraft.models.delta import SHIPPED_FOR
 from quickdraft.models.graphs import StaticBatchForward
@@ -184,7 +184,7 @@ class Engine:
         fixed = 0 if drafter is None or auto else (draft.tree or draft.num_draft_tokens)
         if "batch_surface" not in self.parts.memo:
             name = self.target_info.name or ""
-            probe = BatchedTarget(self.target, 16)
+            probe = lambda: BatchedTarget(self.target, max(BATCHES))  # noqa: E731
             surface = batch_cost_surface(probe, name, self.dtype, name in SHIPPED_FOR, self.config.quantize)
             self.parts.memo["batch_surface"] = surface
         surface = self.parts.memo["batch_surface"]

@@ -49,13 +49,13 @@ def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 2
     return {key: statistics.median(t[1:]) / base for key, t in times.items()}
 
 
-def batch_cost_surface(target, model_name: str, dtype: str, persist: bool, weights: str = "none") -> Surface:
+def batch_cost_surface(make_target, model_name: str, dtype: str, persist: bool, weights: str = "none") -> Surface:
     """The measured surface for this target on this host (memoised; in the cache folder when
-    `persist`)."""
+    `persist`); `make_target()` builds the BatchedTarget to measure on, only when it is measured."""
     return _persisted(
         host_key(model_name, dtype, weights) + "-batch",
         persist,
-        lambda: measure_batch_costs(target),
+        lambda: measure_batch_costs(make_target()),
         lambda s: {f"{b},{w}": round(v, 4) for (b, w), v in s.items()},
         lambda raw: {tuple(int(x) for x in k.split(",")): float(v) for k, v in raw.items()},
     )
