@@ -99,8 +99,12 @@ class Batcher(Worker):
             while not self._inbox.empty():
                 job = self._inbox.get()
                 key, self._next_key = self._next_key, self._next_key + 1
+                try:
+                    decoder.submit(key, job.ids, job.sampling, job.stop)
+                except ValueError as exc:  # admission checks first; this one request fails, not the thread
+                    job.put(ErrorEvent(exc))
+                    continue
                 self._jobs[key] = job
-                decoder.submit(key, job.ids, job.sampling, job.stop)
             for key, job in list(self._jobs.items()):
                 if job.cancel.is_set():
                     decoder.cancel(key)
