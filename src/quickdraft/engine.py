@@ -55,8 +55,9 @@ class Engine:
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
         self.device = resolve_device(config.device)
-        if self.device != "cpu" and (config.method == "pearl" or parse_quantize(config.quantize).active):
-            raise QuickdraftError(f"--device {self.device}: PEARL and quantized targets run on the CPU only so far")
+        if self.device != "cpu" and (self.method.cpu_only or parse_quantize(config.quantize).active):
+            what = f"method {config.method!r}" if self.method.cpu_only else f"--quantize {config.quantize}"
+            raise QuickdraftError(f"--device {self.device}: {what} runs on the CPU only so far")
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
@@ -164,7 +165,7 @@ class Engine:
     def batch_unsupported(self) -> str | None:
         """Why this engine cannot decode several sequences in one batch (None: it can)."""
         cfg = self.config
-        if cfg.method not in ("ar", "sd"):
+        if not self.method.batches:
             return f"method {cfg.method!r} decodes one sequence at a time"
         if not isinstance(self.target, NativeCachedModel):
             return "the target does not run on the native runtime"

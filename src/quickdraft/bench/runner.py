@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, build_method, parse_methods
+from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel, load_model
@@ -166,7 +166,7 @@ def _batched(methods: dict, records, prompt_ids: dict, rows: list[dict], config:
     prompts = [prompt_ids[r.question_id] for r in records]
     out = {}
     for text, method in methods.items():
-        if not hasattr(method, "run_batch"):
+        if not isinstance(method, QuickdraftMethod):  # peers (transformers' generate) do not batch
             continue
         alone = {(r["question_id"], r["run"]): r for r in rows if r["method"] == text}
         tokens = walls = same = 0

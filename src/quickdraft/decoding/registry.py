@@ -143,13 +143,16 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
 @dataclass(frozen=True)
 class Method:
     """A decoding method: its decoder builder, whether it drafts, the options it reads (beyond the
-    model's: target, dtype, threads)."""
+    model's: target, dtype, threads), whether many sequences can run it in one batch
+    (`decoding/batch.py`) and whether it runs on the CPU only."""
 
     name: str
     help: str
     build: Callable[[DecodeParts, SamplingConfig], object]
     uses_drafter: bool
     options: tuple[str, ...]
+    batches: bool = False
+    cpu_only: bool = False
 
 
 _DRAFT = (
@@ -165,14 +168,15 @@ _DRAFT = (
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("ar", "plain autoregressive decoding (the baseline)", _ar, False, ()),
-        Method("sd", "speculative decoding", _sd, True, _DRAFT),
+        Method("ar", "plain autoregressive decoding (the baseline)", _ar, False, (), batches=True),
+        Method("sd", "speculative decoding", _sd, True, _DRAFT, batches=True),
         Method(
             "pearl",
             "PEARL: the draft keeps drafting while the target verifies",
             _pearl,
             True,
             ("drafter", "verifier", "gamma", "pre_verify", "post_verify", "parallel"),
+            cpu_only=True,  # its parallel runner pins CPU cores; CUDA streams are not built
         ),
     )
 }
