@@ -18,23 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from load_test import start_server, wait_ready  # this folder: run as a script
 
 CONFIGS = {"ours": [], "plain batched (ar)": ["--method", "ar"]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spec_bench_prompts(path: str, n: int) -> list[str]:
@@ -81,21 +74,9 @@ def metric(url: str, name: str) -> float | None:
 
 def sweep(server_args: list[str], prompts: list[str], levels: list[int], max_tokens: int) -> dict:
     """Start a server with `server_args`, run every level, stop it; the levels' results."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), *server_args]
-    proc = subprocess.Popen(cmd)
+    proc, url = start_server(server_args)
     try:
-        end = time.time() + 600
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > end or proc.poll() is not None:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.5)
+        wait_ready(url, proc, 600)
         one_request(url, "Say hello.", 8, False)  # warm-up
         out = {"max_batch": metric(url, "quickdraft:max_batch_size"), "levels": []}
         for n in levels:

@@ -38,6 +38,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(server_args: list[str]) -> tuple[subprocess.Popen, str]:
+    """`quickdraft serve` with `server_args` on a free loopback port: (the process, its URL)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), *server_args]
+    return subprocess.Popen(cmd), f"http://127.0.0.1:{port}"
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """Wait until /health answers 200; exit if the server process died or `timeout_s` passed."""
+    end = time.time() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > end or (proc is not None and proc.poll() is not None):
+            raise SystemExit("server did not become ready")
+        time.sleep(0.5)
+
+
 def one_request(url: str, i: int, args) -> dict:
     rng = random.Random(i)
     stream = rng.random() < args.stream_fraction
@@ -136,20 +157,9 @@ def main() -> int:
     proc = None
     url = args.url
     if url is None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), *server_args])
+        proc, url = start_server(server_args)
     try:
-        end = time.time() + 300
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > end or (proc is not None and proc.poll() is not None):
-                raise SystemExit("server did not become ready")
-            time.sleep(0.5)
+        wait_ready(url, proc, 300)
         one_request(url, 10_000, argparse.Namespace(**{**vars(args), "stream_fraction": 0, "cancel": 0}))  # warm-up
         start = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:

@@ -4,6 +4,7 @@ input -> an OpenAI-shaped 4xx, back-pressure, disconnects, the openai client. Lo
 import json
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -254,6 +255,26 @@ class NoEos(LoadedModel):
         return ()
 
 
+@contextmanager
+def serve_on_loopback(app):
+    """Run `app` with uvicorn on a free 127.0.0.1 port in a thread; yields its URL once /health is
+    200 (or after 10 s), stops it afterwards."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    end = time.time() + 10
+    while httpx.get(url + "/health").status_code != 200 and time.time() < end:
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
 @pytest.fixture(scope="module")
 def live():
     engine = make_engine()
@@ -261,19 +282,8 @@ def live():
     engine.target_info = NoEos(t.model, t.tokenizer, t.name)
     engine.drafter = SlowDrafter(engine.drafter)
     app = create_app(lambda: engine, NAME, max_queue=0, default_max_tokens=16)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    end = time.time() + 10
-    while httpx.get(url + "/health").status_code != 200 and time.time() < end:
-        time.sleep(0.05)
-    yield url, app, engine
-    server.should_exit = True
-    thread.join(5)
+    with serve_on_loopback(app) as url:
+        yield url, app, engine
 
 
 def test_openai_client_works(live):
@@ -527,18 +537,8 @@ def batch_live():
     target = tiny_text_model(dtype=torch.float64)
     engine = Engine(NoEos(target.model, target.tokenizer, target.name), EngineConfig(), drafter=SlowSuffix(None))
     app = create_app(lambda: engine, NAME, max_queue=1, default_max_tokens=16, max_batch=3)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    end = time.time() + 10
-    while httpx.get(url + "/health").status_code != 200 and time.time() < end:
-        time.sleep(0.05)
-    yield url, app, engine
-    server.should_exit = True
-    thread.join(5)
+    with serve_on_loopback(app) as url:
+        yield url, app, engine
 
 
 def test_concurrent_requests_share_the_batch_and_equal_their_lone_answers(batch_live):

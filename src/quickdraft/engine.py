@@ -19,7 +19,7 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.models.batch_costs import BATCHES, batch_cost_surface, fit_max_batch, plan_budgets
+from quickdraft.models.batch_costs import BATCHES, batch_cost_surface, fit_max_batch
 from quickdraft.models.batched import BatchedTarget
 from quickdraft.models.delta import SHIPPED_FOR
 from quickdraft.models.graphs import StaticBatchForward
@@ -191,7 +191,7 @@ class Engine:
         surface = self.parts.memo["batch_surface"]
         trees = drafter is not None and drafter.drafts_trees and (auto or bool(draft.tree))
         plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width)
-        return plan, fit_max_batch(surface, plan_budgets(surface, gain, fixed if not auto else None), gain)
+        return plan, fit_max_batch(surface, plan.budgets, gain)  # on the table's own gains (not yet calibrated)
 
     def batch_decoder(
         self, max_batch: int | None = None, prefill_chunk: int = 128, graphs: bool | None = None

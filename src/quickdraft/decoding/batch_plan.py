@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.models.batch_costs import plan_budgets
+from quickdraft.models.batch_costs import covering_size, plan_budgets
 
 
 class BatchPlan:
@@ -50,15 +50,15 @@ class BatchPlan:
         return self.accepted / self.promised
 
     def _plan(self) -> dict[int, int]:
-        if not self.gain or self.surface is None:
+        """{measured batch size: budget}: `fixed` everywhere without a gain table."""
+        if self.surface is None:
             return {1: self.fixed}
-        scaled = {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()}
-        return plan_budgets(self.surface, scaled)
+        if not self.gain:
+            return plan_budgets(self.surface, None, self.fixed)
+        return plan_budgets(self.surface, {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()})
 
     def budget(self, rows: int) -> int:
-        sizes = sorted(self.budgets)
-        fit = [s for s in sizes if s >= rows]
-        return self.budgets[fit[0] if fit else sizes[-1]]
+        return self.budgets[covering_size(self.budgets, rows)]
 
     def request(self, rows: int, room: int) -> DraftRequest | None:
         """What each of `rows` rows asks its drafter for, with `room` tokens left (None: nothing)."""

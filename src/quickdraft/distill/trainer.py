@@ -234,18 +234,21 @@ class Distiller:
             generator_seed=self.config.seed * 7919 + step,
         ).to(self.device)
 
+    def _autocast(self) -> torch.autocast:
+        """bf16 autocast for the forwards on CUDA; off (a no-op) on the CPU."""
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda")
+
     def train_step(self, batch: Batch) -> tuple[float, float]:
         """One optimizer step on a batch; returns (loss, expected acceptance sum min(p, q))."""
         self.student.model.train()
-        cuda = self.device == "cuda"
         if batch.p_top is not None:
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            with self._autocast():
                 q_logits = scored_logits(self.student.model, batch)
             loss, acc = topk_divergence(*batch.p_top, q_logits.float(), self.config.divergence, self.config.temperature)
         else:
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            with torch.no_grad(), self._autocast():
                 p_logits = scored_logits(self.target.model, batch)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            with self._autocast():
                 q_logits = scored_logits(self.student.model, batch)
             mask = torch.ones(p_logits.shape[0], dtype=torch.bool, device=p_logits.device)
             loss, acc = distill_loss(p_logits.float(), q_logits.float(), mask, self.divergence, self.proc)

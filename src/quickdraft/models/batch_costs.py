@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from quickdraft.models.cost_curve import _persisted, host_key
+from quickdraft.models.cost_curve import _persisted, host_key, relative_cost
 
 BATCHES = (1, 2, 4, 8, 16)
 WIDTHS = (1, 2, 5, 9, 17)  # budget + 1 for the budgets of the gain tables (1, 4, 8, 16)
@@ -61,16 +61,17 @@ def batch_cost_surface(make_target, model_name: str, dtype: str, persist: bool, 
     )
 
 
-def surface_cost(surface: Surface, rows: int, width: int) -> float:
-    """The surface at (rows, width): the smallest measured batch >= rows (the largest beyond it),
-    linear in width between measured widths (beyond the last: its last slope continued)."""
-    batches = sorted({b for b, _ in surface})
-    fit = [b for b in batches if b >= rows]
-    b = fit[0] if fit else batches[-1]
-    curve = {w: v for (bb, w), v in surface.items() if bb == b}
-    from quickdraft.models.cost_curve import relative_cost
+def covering_size(sizes, rows: int) -> int:
+    """The smallest of the measured batch `sizes` that holds `rows` rows, else the largest."""
+    ordered = sorted(sizes)
+    return next((b for b in ordered if b >= rows), ordered[-1])
 
-    return relative_cost(curve, width)
+
+def surface_cost(surface: Surface, rows: int, width: int) -> float:
+    """The surface at (rows, width): at the measured batch size covering `rows` (`covering_size`),
+    linear in width between measured widths (beyond the last: its last slope continued)."""
+    b = covering_size({b for b, _ in surface}, rows)
+    return relative_cost({w: v for (bb, w), v in surface.items() if bb == b}, width)
 
 
 def plan_budgets(surface: Surface, gain: dict[int, float] | None, fixed: int | None = None) -> dict[int, int]:
