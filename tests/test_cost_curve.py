@@ -10,7 +10,7 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.drafters.suffix import TREE_GAIN, SuffixDrafter
 from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
 from quickdraft.models import cost_curve
-from quickdraft.models.cost_curve import best_budget, measure_cost_curve, relative_cost
+from quickdraft.models.cost_curve import best_budget, measure_cost_curve, relative_cost, tree_draft_forwards
 from quickdraft.options import options_from
 
 from conftest import tiny_llama
@@ -31,6 +31,16 @@ def test_budget_follows_the_curve():
     assert best_budget(AVX2, TREE_GAIN) == 1  # 2 rows cost 1.38 steps: one draft at most
     assert best_budget({w: float(w) for w in (1, 2, 5, 9)}, TREE_GAIN) == 0  # nothing pays
     assert best_budget(AVX512, TREE_GAIN, limit=4) == 4
+
+
+def test_a_model_drafters_own_forwards_shrink_the_budget():
+    """A drafter that costs something per forward (a trained head) gets a smaller tree, or none."""
+    assert [tree_draft_forwards(b, 8) for b in (1, 8, 9, 16, 17)] == [1, 1, 2, 2, 3]
+    assert tree_draft_forwards(4, 2) == 2
+    assert best_budget(AVX512, TREE_GAIN, draft_cost=lambda b: 0.0) == best_budget(AVX512, TREE_GAIN) == 8
+    assert best_budget(AVX512, TREE_GAIN, draft_cost=lambda b: 0.3 * tree_draft_forwards(b, 8)) == 8
+    assert best_budget(AVX512, TREE_GAIN, draft_cost=lambda b: 0.3 * tree_draft_forwards(b, 2)) == 4
+    assert best_budget(AVX512, TREE_GAIN, draft_cost=lambda b: 1.5 * tree_draft_forwards(b, 8)) == 0
 
 
 def _auto_engine(target, monkeypatch, curve, **options):

@@ -300,3 +300,43 @@ def test_no_drafter_holds_the_targets_cache_owner(target, trained):
             assert isinstance(drafter.shallow, ShallowPass) and drafter.shallow.stop == drafter.exit_layer
     with pytest.raises(ValueError, match="exit layer"):
         NativeCachedModel(target.model).shallow_pass(3)  # the last layer is no early exit
+
+
+def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, monkeypatch):
+    """`draft_tree` auto with a trained head whose folder carries `tree_gain`: the budget maximises
+    tokens per second with the head's own forwards counted (a cheap head: the big tree; a costlier
+    one at width 2: a smaller tree; one as dear as the target: no speculation), output unchanged."""
+    from quickdraft import Engine
+    from quickdraft.decoding import registry
+    from quickdraft.distill.train_draft_cli import export
+    from quickdraft.models import cost_curve
+    from quickdraft.options import options_from
+
+    module = trained["head"][0]
+    gain = {"1": 1.5, "4": 2.0, "8": 2.2}
+    folder = export(tmp_path / "head", module, None, {"target": target.name, "tree_gain": gain})
+    flat = {1: 1.0, 2: 1.0, 5: 1.05, 9: 1.1, 17: 1.5}
+    monkeypatch.setattr(registry, "step_seconds", lambda model: 1.0)  # draft steps in target steps
+    for ratio, width, want in ((0.01, 8, 8), (0.2, 2, 4), (1.5, 8, 0)):
+        monkeypatch.setattr(cost_curve, "_MEMO", {cost_curve.host_key(target.name, "bfloat16"): flat})
+        monkeypatch.setattr(registry, "drafter_step_seconds", lambda drafter, r=ratio: r)
+        engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}", "tree_width": width}))
+        assert engine.drafter.tree_gain == {1: 1.5, 4: 2.0, 8: 2.2}
+        out = engine.generate_ids(PROMPT, GREEDY, StopConfig(24))
+        assert out.token_ids == plain(target, 24)
+        if want:
+            assert out.stats.extra["tree_budget_auto"] == want and out.stats.num_accepted_draft_tokens > 0
+        else:
+            assert out.stats.extra == {"tree_auto_no_speculation": 1} and out.stats.num_draft_tokens == 0
+
+
+def test_a_head_without_a_gain_table_keeps_chains(target, trained, tmp_path):
+    from quickdraft import Engine
+    from quickdraft.distill.train_draft_cli import export
+    from quickdraft.options import options_from
+
+    folder = export(tmp_path / "head", trained["head"][0], None, {"target": target.name})
+    engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}"}))
+    out = engine.generate_ids(PROMPT, GREEDY, StopConfig(24))
+    assert engine.drafter.tree_gain is None and "tree_rounds" not in out.stats.extra
+    assert out.stats.num_accepted_draft_tokens > 0 and out.token_ids == plain(target, 24)

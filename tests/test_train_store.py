@@ -19,6 +19,7 @@ import torch
 
 from quickdraft.cli import main
 from quickdraft.distill import train_run
+from quickdraft.distill.decode_eval import GAIN_BUDGETS
 from quickdraft.distill.feature_store import FEATURES, Batch, FeatureStore
 from quickdraft.distill.train_heads import HeadTrainingConfig, head_steps, new_module, target_states, unrolled_mask
 from quickdraft.distill.train_log import read_evals
@@ -196,11 +197,15 @@ def test_a_resumed_run_equals_an_uninterrupted_one(corpus, tmp_path, monkeypatch
 def test_init_starts_from_a_trained_module(corpus, tmp_path, capsys):
     assert _train(corpus, tmp_path / "first") == 0
     args = ["train-draft", "--kind", "head", "--data", str(corpus / "seqkd"), "--target", str(corpus / "tiny"),
-            "--max-len", "24", "--eval-rows", "2", "--decode-prompts", "0", "--no-progress",
+            "--max-len", "24", "--eval-rows", "2", "--decode-prompts", "1", "--no-progress",
             "--steps", "0"]  # fmt: skip
     assert main([*args, "--output", str(tmp_path / "again"), "--init", str(tmp_path / "first" / "head")]) == 0
     names = ("draft_head.safetensors", "head_ids.safetensors")
     for name in names:  # nothing trained: the module and its head ids are the ones it started from
         assert (tmp_path / "again" / "head" / name).read_bytes() == (tmp_path / "first" / "head" / name).read_bytes()
+    meta = json.loads((tmp_path / "again" / "head" / "draft_head.json").read_text())
+    assert [int(b) for b in meta["tree_gain"]] == list(GAIN_BUDGETS)  # measured on the held-out prompt
+    assert all(v >= 1.0 for v in meta["tree_gain"].values()) and meta["tree_gain_measured"]["prompts"] == 1
+    assert "tree_gain" not in json.loads((tmp_path / "first" / "head" / "draft_head.json").read_text())  # no prompts
     assert main([*args, "--output", str(tmp_path / "bad"), "--init", str(tmp_path / "first" / "kangaroo")]) == 2
     assert "--init" in capsys.readouterr().err

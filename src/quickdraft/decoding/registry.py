@@ -74,8 +74,9 @@ def _ar(parts: DecodeParts, sampling: SamplingConfig):
 
 def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int, dict[str, int]]:
     """(budget, events) for `draft_tree` auto: a drafter with a gain table (expected tokens per
-    forward by budget: the suffix drafter) gets the budget that maximises expected tokens per second
-    on this host's measured verify-cost curve (models/cost_curve.py), once per engine; every other
+    forward by budget: the suffix drafter's, a trained head's) gets the budget that maximises
+    expected tokens per second on this host's measured verify-cost curve (models/cost_curve.py),
+    counting a model drafter's own forwards at their measured cost, once per engine; every other
     drafter, a target without tree support (the HF runtime) and the lossy verifiers get a chain
     (budget 0). The events say which, in the statistics."""
     gain = None if parts.drafter is None else parts.drafter.tree_gain
@@ -84,14 +85,19 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     if not parts.target.supports_trees or parts.config.verifier not in (None, "greedy", "speculative"):
         return 0, {"tree_auto_fallback_chain": 1}
     if "tree_budget" not in parts.memo:
-        from quickdraft.models.cost_curve import best_budget, cost_curve
+        from quickdraft.models.cost_curve import best_budget, cost_curve, tree_draft_forwards
         from quickdraft.models.delta import SHIPPED_FOR
 
         name = parts.target_name or ""
         curve = cost_curve(
             parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
         )
-        parts.memo["tree_budget"] = best_budget(curve, gain)
+        draft_step = drafter_step_seconds(parts.drafter)
+        draft_cost = None
+        if draft_step is not None:  # a model drafter: its forwards per tree, in target steps
+            ratio, width = draft_step / step_seconds(parts.target), parts.config.draft.tree_width
+            draft_cost = lambda budget: ratio * tree_draft_forwards(budget, width)  # noqa: E731
+        parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost)
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
 

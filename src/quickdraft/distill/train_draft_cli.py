@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from quickdraft.distill.decode_eval import gain_meta, tree_gain
 from quickdraft.distill.seqkd import read_seqkd, shuffled
 from quickdraft.distill.student import rank_tokens
 from quickdraft.distill.train_heads import HeadTrainingConfig
@@ -181,6 +182,9 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     run.run(args.eval_every, ckpt_path, not args.no_progress)
     after = run.evaluate()
+    gains = {  # the head's tokens per forward by tree budget: what sizes `draft_tree` auto
+        k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts) for k in kinds if k == "head" and run.prompts
+    }
     seconds = time.perf_counter() - started
     sessions = report.get("sessions", []) + [
         {"steps_to": run.step, "seconds": round(seconds, 1), "device": device, "throughput": run.speed.report()}
@@ -203,6 +207,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             "torch": torch.__version__,
             "date": datetime.date.today().isoformat(),
             "command": "quickdraft " + shlex.join(sys.argv[1:]),
+            **(gain_meta(gains[k], len(run.prompts)) if k in gains else {}),
         }  # fmt: skip
         export(out / k, run.modules[k], head_ids, meta)
     report.update({"after": after, "history": run.history, "sessions": sessions})

@@ -229,47 +229,6 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     return {**out, "positions": int(count[0])}
 
 
-def decode_eval(module, kind: str, target, head_ids, prompts: list[list[int]], max_new_tokens: int = 48) -> dict:
-    """Greedy speculative decoding with a copy of `module` (in the target's dtype) on held-out
-    prompts: tokens per target forward (the bonus token included) and draft acceptance."""
-    import copy
-
-    from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.drafters.reuse import HeadLM
-    from quickdraft.engine import Engine
-    from quickdraft.options import options_from
-
-    draft = copy.deepcopy(module).to(target.model.dtype).eval().requires_grad_(False)
-    lm = HeadLM(
-        target.model.get_input_embeddings().weight.detach(),
-        target.model.get_output_embeddings().weight.detach(),
-        target.vocab_size,
-        head_ids,
-    )
-    record = KINDS[kind]
-    drafter = record.from_module(draft, lm, 0.6, kind)
-    config = options_from({"method": "sd", "drafter": kind, "draft_length": record.decode_length})
-    engine = Engine(target, config, drafter=drafter)
-    tokens = forwards = drafted = accepted = 0
-    acc, dra = [0] * record.decode_length, [0] * record.decode_length  # accepted, drafted by position
-    for ids in prompts:
-        stats = engine.generate_ids(ids, SamplingConfig(temperature=0.0), StopConfig(max_new_tokens)).stats
-        tokens += stats.num_new_tokens
-        forwards += stats.num_target_forwards
-        drafted += stats.num_draft_tokens
-        accepted += stats.num_accepted_draft_tokens
-        for i, (a, d) in enumerate(zip(stats.accepted_per_position, stats.drafted_per_position, strict=True)):
-            acc[i], dra[i] = acc[i] + a, dra[i] + d
-    return {
-        "tokens_per_target_forward": tokens / max(1, forwards),
-        "draft_acceptance": accepted / max(1, drafted),
-        "acceptance_by_position": [round(a / d, 4) if d else None for a, d in zip(acc, dra, strict=True)],
-        "draft_length": record.decode_length,
-        "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-    }
-
-
 def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Module:
     head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer, cfg.block)
     module = KINDS[kind].module(head_cfg)

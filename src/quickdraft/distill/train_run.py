@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.distill.decode_eval import decode_eval
 from quickdraft.distill.feature_store import FeatureStore
 from quickdraft.distill.seqkd import Row, response_mask, window
 from quickdraft.distill.train_heads import (
     HeadTrainingConfig,
     batch_indices,
-    decode_eval,
     evaluate,
     lr_at,
     new_module,

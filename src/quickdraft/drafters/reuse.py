@@ -69,6 +69,9 @@ def reusing_builder(module_type: type, make: Callable) -> Callable:
         if own != target.model.dtype:
             embed, head = embed.to(own), head.to(own)
         lm = HeadLM(embed, head, target.vocab_size, head_ids)
-        return make(module.to(embed.device), lm, float(meta.get("eta", 0.6)), str(spec))
+        drafter = make(module.to(embed.device), lm, float(meta.get("eta", 0.6)), str(spec))
+        if drafter.drafts_trees and meta.get("tree_gain"):  # measured by train-draft: sizes `draft_tree` auto
+            drafter.tree_gain = {int(b): float(v) for b, v in meta["tree_gain"].items()}
+        return drafter
 
     return build

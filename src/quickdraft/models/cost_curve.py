@@ -93,14 +93,25 @@ def relative_cost(curve: dict[int, float], rows: int) -> float:
     return curve[hi] + (curve[hi] - curve[lo]) * (rows - hi) / (hi - lo)
 
 
-def best_budget(curve: dict[int, float], gain: dict[int, float], limit: int | None = None) -> int:
-    """The budget b (a key of `gain`, <= limit) maximising gain[b] / relative_cost(b + 1); 0 when
-    no budget beats plain decoding (1 token per forward at cost 1)."""
+def best_budget(curve: dict[int, float], gain: dict[int, float], limit: int | None = None, draft_cost=None) -> int:
+    """The budget b (a key of `gain`, <= limit) maximising gain[b] / (relative_cost(b + 1) +
+    draft_cost(b)); 0 when no budget beats plain decoding (1 token per forward at cost 1).
+
+    Args:
+        draft_cost: budget -> what drafting a tree of that many nodes costs, in target steps (a
+            model drafter's forwards); None: drafting is free next to a forward (model-free drafters).
+    """
     best, best_rate = 0, 1.0
     for budget, tokens in sorted(gain.items()):
         if limit is not None and budget > limit:
             continue
-        rate = tokens / relative_cost(curve, budget + 1)
+        rate = tokens / (relative_cost(curve, budget + 1) + (draft_cost(budget) if draft_cost else 0.0))
         if rate > best_rate * 1.0001:
             best, best_rate = budget, rate
     return best
+
+
+def tree_draft_forwards(budget: int, width: int) -> int:
+    """Draft forwards a model drafter spends on a dynamic tree of `budget` nodes and `width` nodes
+    per level (drafters/tree.py): the root's, then one per level that is expanded."""
+    return max(1, -(-budget // width))
