@@ -303,29 +303,40 @@ def test_no_drafter_holds_the_targets_cache_owner(target, trained):
 
 
 def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, monkeypatch):
-    """`draft_tree` auto with a trained head whose folder carries `tree_gain`: the budget maximises
-    tokens per second with the head's own forwards counted (a cheap head: the big tree; a costlier
-    one at width 2: a smaller tree; one as dear as the target: no speculation), output unchanged."""
+    """`draft_tree` auto with a trained head whose folder carries `tree_gain` (and the width each
+    budget was measured at): the budget maximises tokens per second with the head's own forwards
+    counted (a cheap head: the big tree; a costlier one whose table says width 2: the smaller tree,
+    at width 2; one as dear as the target: no speculation); the output stays plain decoding's."""
     from quickdraft import Engine
     from quickdraft.decoding import registry
     from quickdraft.distill.train_draft_cli import export
+    from quickdraft.drafters import tree as tree_module
     from quickdraft.models import cost_curve
     from quickdraft.options import options_from
 
-    module = trained["head"][0]
     gain = {"1": 1.5, "4": 2.0, "8": 2.2}
-    folder = export(tmp_path / "head", module, None, {"target": target.name, "tree_gain": gain})
+    wide = export(tmp_path / "wide", trained["head"][0], None, {"target": target.name, "tree_gain": gain})
+    narrow = export(
+        tmp_path / "narrow",
+        trained["head"][0],
+        None,
+        {"target": target.name, "tree_gain": gain, "tree_gain_width": {"4": 2, "8": 2}},
+    )
     flat = {1: 1.0, 2: 1.0, 5: 1.05, 9: 1.1, 17: 1.5}
     monkeypatch.setattr(registry, "step_seconds", lambda model: 1.0)  # draft steps in target steps
-    for ratio, width, want in ((0.01, 8, 8), (0.2, 2, 4), (1.5, 8, 0)):
+    shapes = []
+    real_shape = tree_module.TreeShape
+    monkeypatch.setattr(tree_module, "TreeShape", lambda *a: shapes.append(real_shape(*a)) or shapes[-1])
+    for folder, ratio, want, width in ((wide, 0.01, 8, 8), (narrow, 0.2, 4, 2), (wide, 1.5, 0, None)):
         monkeypatch.setattr(cost_curve, "_MEMO", {cost_curve.host_key(target.name, "bfloat16"): flat})
         monkeypatch.setattr(registry, "drafter_step_seconds", lambda drafter, r=ratio: r)
-        engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}", "tree_width": width}))
+        engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}"}))
         assert engine.drafter.tree_gain == {1: 1.5, 4: 2.0, 8: 2.2}
         out = engine.generate_ids(PROMPT, GREEDY, StopConfig(24))
         assert out.token_ids == plain(target, 24)
         if want:
             assert out.stats.extra["tree_budget_auto"] == want and out.stats.num_accepted_draft_tokens > 0
+            assert (shapes[-1].budget, shapes[-1].width) == (want, width)
         else:
             assert out.stats.extra == {"tree_auto_no_speculation": 1} and out.stats.num_draft_tokens == 0
 

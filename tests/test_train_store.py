@@ -205,6 +205,7 @@ def test_init_starts_from_a_trained_module(corpus, tmp_path, capsys):
         assert (tmp_path / "again" / "head" / name).read_bytes() == (tmp_path / "first" / "head" / name).read_bytes()
     meta = json.loads((tmp_path / "again" / "head" / "draft_head.json").read_text())
     assert [int(b) for b in meta["tree_gain"]] == list(GAIN_BUDGETS)  # measured on the held-out prompt
+    assert all(1 <= w <= int(b) for b, w in meta["tree_gain_width"].items())
     assert all(v >= 1.0 for v in meta["tree_gain"].values()) and meta["tree_gain_measured"]["prompts"] == 1
     assert "tree_gain" not in json.loads((tmp_path / "first" / "head" / "draft_head.json").read_text())  # no prompts
     assert main([*args, "--output", str(tmp_path / "bad"), "--init", str(tmp_path / "first" / "kangaroo")]) == 2

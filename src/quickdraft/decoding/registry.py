@@ -95,11 +95,18 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
         draft_step = drafter_step_seconds(parts.drafter)
         draft_cost = None
         if draft_step is not None:  # a model drafter: its forwards per tree, in target steps
-            ratio, width = draft_step / step_seconds(parts.target), parts.config.draft.tree_width
-            draft_cost = lambda budget: ratio * tree_draft_forwards(budget, width)  # noqa: E731
+            ratio = draft_step / step_seconds(parts.target)
+            draft_cost = lambda budget: ratio * tree_draft_forwards(budget, auto_width(parts, budget))  # noqa: E731
         parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost)
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
+
+
+def auto_width(parts: DecodeParts, budget: int) -> int:
+    """The tree width that goes with an auto budget: the one the drafter's gain table measured it
+    at (a trained head's narrow trees at small budgets), else the configured width."""
+    widths = parts.drafter.tree_gain_width if parts.drafter is not None else None
+    return (widths or {}).get(budget, parts.config.draft.tree_width)
 
 
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
@@ -113,7 +120,8 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
         from quickdraft.decoding.tree import TreeDecoder
         from quickdraft.drafters.tree import TreeShape
 
-        shape = TreeShape(budget, draft.tree_width, draft.tree_widths)
+        width = draft.tree_width if draft.tree is not None else auto_width(parts, budget)
+        shape = TreeShape(budget, width, draft.tree_widths)
         return TreeDecoder(parts.target, parts.drafter, shape, events)
     verifier = make_verifier(parts.config.verifier, sampling)
     return SpeculativeDecoder(

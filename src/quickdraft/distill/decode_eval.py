@@ -12,11 +12,18 @@ from quickdraft.drafters.reuse import HeadLM
 
 
 def decode_eval(
-    module, kind: str, target, head_ids, prompts: list[list[int]], max_new_tokens: int = 48, tree: int = 0
+    module,
+    kind: str,
+    target,
+    head_ids,
+    prompts: list[list[int]],
+    max_new_tokens: int = 48,
+    tree: int = 0,
+    width: int = DraftConfig.tree_width,
 ) -> dict:
     """Greedy speculative decoding with a copy of `module` (in the target's dtype) on held-out
     prompts: tokens per target forward (the bonus token included) and draft acceptance; chains of
-    the kind's `decode_length`, or trees of `tree` nodes (the head)."""
+    the kind's `decode_length`, or dynamic trees of `tree` nodes and `width` (the head)."""
     from quickdraft.engine import Engine  # the engine sits above the distill package's modules
     from quickdraft.options import options_from
 
@@ -29,7 +36,9 @@ def decode_eval(
     )
     record = KINDS[kind]
     drafter = record.from_module(draft, lm, 0.6, kind)
-    config = options_from({"method": "sd", "drafter": kind, "draft_length": record.decode_length, "draft_tree": tree})
+    config = options_from(
+        {"method": "sd", "drafter": kind, "draft_length": record.decode_length, "draft_tree": tree, "tree_width": width}
+    )
     engine = Engine(target, config, drafter=drafter)
     tokens = forwards = drafted = accepted = 0
     acc, dra = [0] * record.decode_length, [0] * record.decode_length  # accepted, drafted by position (depth)
@@ -54,25 +63,35 @@ def decode_eval(
 
 
 GAIN_BUDGETS = (1, 2, 4, 8, 16, 32)
+GAIN_WIDTHS = (1, 2, 4, 8)  # width 1: a chain
 GAIN_TOKENS = 48  # new tokens per prompt
 
 
 def tree_gain(
     module, target, head_ids, prompts: list[list[int]], max_new_tokens: int = GAIN_TOKENS
-) -> dict[int, float]:
-    """{tree budget: tokens per target forward} of a trained head, greedy on held-out `prompts`
-    (dynamic trees of the default width): the gain table that sizes its `draft_tree` auto on each
-    host (decoding/registry.auto_tree_budget)."""
+) -> tuple[dict[int, float], dict[int, int]]:
+    """A trained head's gain table: ({tree budget: tokens per target forward}, {budget: the width
+    that gave it}), greedy on held-out `prompts`, the best of the dynamic trees of widths
+    GAIN_WIDTHS at each budget (narrow ones win at small budgets: a wide tree of 4 is a star of
+    first tokens). It sizes the head's `draft_tree` auto on each host (decoding/registry.py)."""
+    gain: dict[int, float] = {}
+    widths: dict[int, int] = {}
+    for b in GAIN_BUDGETS:
+        for w in GAIN_WIDTHS:
+            if w > b or (w == 1 and b > GAIN_WIDTHS[-1]) or (b > 2 * GAIN_WIDTHS[-1] and w < GAIN_WIDTHS[-2]):
+                continue  # the same tree as width b; a chain past 8; narrow trees past 16
+            tpf = decode_eval(module, "head", target, head_ids, prompts, max_new_tokens, tree=b, width=w)
+            value = round(tpf["tokens_per_target_forward"], 3)
+            if value > gain.get(b, 0.0):
+                gain[b], widths[b] = value, w
+    return gain, widths
+
+
+def gain_meta(gain: tuple[dict[int, float], dict[int, int]], prompts: int, max_new_tokens: int = GAIN_TOKENS) -> dict:
+    """What a head's json keeps of its gain table: the table, its widths and how it was measured."""
+    how = {"prompts": prompts, "max_new_tokens": max_new_tokens, "widths_tried": list(GAIN_WIDTHS), "greedy": True}
     return {
-        b: round(
-            decode_eval(module, "head", target, head_ids, prompts, max_new_tokens, tree=b)["tokens_per_target_forward"],
-            3,
-        )
-        for b in GAIN_BUDGETS
+        "tree_gain": {str(b): v for b, v in gain[0].items()},
+        "tree_gain_width": {str(b): w for b, w in gain[1].items()},
+        "tree_gain_measured": how,
     }
-
-
-def gain_meta(gain: dict[int, float], prompts: int, max_new_tokens: int = GAIN_TOKENS) -> dict:
-    """What a head's json keeps of its gain table: the table and how it was measured."""
-    how = {"prompts": prompts, "max_new_tokens": max_new_tokens, "tree_width": DraftConfig.tree_width, "greedy": True}
-    return {"tree_gain": {str(b): v for b, v in gain.items()}, "tree_gain_measured": how}

@@ -70,6 +70,8 @@ class Drafter:
         can_review: it can review lower levels of a CS Drafting cascade (`review`).
         tree_gain: expected tokens per forward by tree budget, which sizes `draft_tree` auto (None:
             a chain).
+        tree_gain_width: the tree width each budget of `tree_gain` was measured at, which auto
+            uses with that budget (None: the configured width).
         parts: the drafters it is built from (a chain's stages, a cascade's levels, a mixed tree's
             sources), for the cost model and the target-state wiring.
         draft_steps: its forwards since `begin` (the bench's cost model).
@@ -82,6 +84,7 @@ class Drafter:
     drafts_trees: bool = False
     can_review: bool = False
     tree_gain: dict[int, float] | None = None
+    tree_gain_width: dict[int, int] | None = None
     parts: Sequence[Drafter] = ()
     draft_steps: int = 0
     runs_target_layers: int = 0

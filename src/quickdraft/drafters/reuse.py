@@ -72,6 +72,7 @@ def reusing_builder(module_type: type, make: Callable) -> Callable:
         drafter = make(module.to(embed.device), lm, float(meta.get("eta", 0.6)), str(spec))
         if drafter.drafts_trees and meta.get("tree_gain"):  # measured by train-draft: sizes `draft_tree` auto
             drafter.tree_gain = {int(b): float(v) for b, v in meta["tree_gain"].items()}
+            drafter.tree_gain_width = {int(b): int(w) for b, w in meta.get("tree_gain_width", {}).items()} or None
         return drafter
 
     return build
