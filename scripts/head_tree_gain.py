@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -42,7 +44,7 @@ def main() -> None:
     gain = tree_gain(module, target, head_ids, prompts)
     print(json.dumps(gain))
     if not args.dry_run:
-        meta.update(gain_meta(gain, len(prompts)))
+        meta.update(gain_meta(gain, len(prompts), command="python " + shlex.join(sys.argv)))
         (folder / HEAD_META).write_text(json.dumps(meta, indent=2) + "\n")
         print(f"wrote tree_gain into {folder / HEAD_META}")
 

@@ -87,9 +87,12 @@ def tree_gain(
     return gain, widths
 
 
-def gain_meta(gain: tuple[dict[int, float], dict[int, int]], prompts: int, max_new_tokens: int = GAIN_TOKENS) -> dict:
+def gain_meta(
+    gain: tuple[dict[int, float], dict[int, int]], prompts: int, max_new_tokens: int = GAIN_TOKENS, command: str = ""
+) -> dict:
     """What a head's json keeps of its gain table: the table, its widths and how it was measured."""
     how = {"prompts": prompts, "max_new_tokens": max_new_tokens, "widths_tried": list(GAIN_WIDTHS), "greedy": True}
+    how.update({"command": command} if command else {})
     return {
         "tree_gain": {str(b): v for b, v in gain[0].items()},
         "tree_gain_width": {str(b): w for b, w in gain[1].items()},
