@@ -55,3 +55,45 @@ def test_packed_native_forward_equals_unpacked(monkeypatch):
     with torch.inference_mode():
         for tokens in ([1, 2, 3, 4, 5, 6], [7], [8, 9, 10]):
             torch.testing.assert_close(packed.extend(tokens), plain.extend(tokens), rtol=2e-2, atol=2e-2)
+
+
+@needs_bf16
+def test_a_draft_head_packed_for_drafting_equals_the_live_one(monkeypatch):
+    """`for_inference` packs a feature head's block and fusion (and HeadLM its restricted LM head):
+    the same outputs as the live modules; with gradients on, the live weights are used."""
+    from quickdraft.drafters.reuse import HeadLM
+    from quickdraft.models.draft_heads import DraftHeadConfig, FeatureHead, block_cache, for_inference
+
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "1")
+    target = tiny_llama(vocab=64, layers=2, hidden=64, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    live = FeatureHead(DraftHeadConfig.from_target(target.model, "head")).to(torch.bfloat16)
+    for p in live.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    import copy
+
+    frozen = for_inference(copy.deepcopy(live))
+    assert isinstance(frozen.block.frozen.qkv[0], linear.PackedRows) and frozen.frozen_fuse.packed is not None
+    feats, embeds = torch.randn(1, 5, 64, dtype=torch.bfloat16), torch.randn(1, 5, 64, dtype=torch.bfloat16)
+    positions = torch.arange(5)
+    with torch.inference_mode():
+        a = live(feats, embeds, positions, block_cache(live.cfg, torch.bfloat16, "cpu"))
+        b = frozen(feats, embeds, positions, block_cache(live.cfg, torch.bfloat16, "cpu"))
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():
+        frozen.fuse.weight.zero_()  # the packed copy does not follow: drafting still uses it ...
+    with torch.inference_mode():
+        torch.testing.assert_close(frozen(feats, embeds, positions), b, rtol=2e-2, atol=2e-2)
+    with torch.enable_grad():  # ... while a forward with gradients reads the live weights
+        assert frozen(feats, embeds, positions).abs().max() < b.abs().max()
+    head = target.model.lm_head.weight.detach()
+    ids = torch.tensor([3, 5, 7, 11])
+    lm = HeadLM(target.model.model.embed_tokens.weight, head, 64, ids)
+    assert (
+        lm.linear.packed is not None
+        and HeadLM(target.model.model.embed_tokens.weight, head, 64, None).linear.packed is None
+    )
+    states = torch.randn(2, 64, dtype=torch.bfloat16)
+    logits = lm.logits(states)
+    torch.testing.assert_close(logits[:, ids], F.linear(states, head[ids]), rtol=2e-2, atol=2e-2)
+    assert torch.isinf(logits[:, 0]).all()

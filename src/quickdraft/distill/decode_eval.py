@@ -9,6 +9,7 @@ import copy
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.drafters.kinds import KINDS
 from quickdraft.drafters.reuse import HeadLM
+from quickdraft.models.draft_heads import for_inference
 
 
 def decode_eval(
@@ -27,7 +28,7 @@ def decode_eval(
     from quickdraft.engine import Engine  # the engine sits above the distill package's modules
     from quickdraft.options import options_from
 
-    draft = copy.deepcopy(module).to(target.model.dtype).eval().requires_grad_(False)
+    draft = for_inference(copy.deepcopy(module).to(target.model.dtype))  # the copy drafts as a shipped module
     lm = HeadLM(
         target.model.get_input_embeddings().weight.detach(),
         target.model.get_output_embeddings().weight.detach(),

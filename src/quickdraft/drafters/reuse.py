@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import check_head_ids, scatter_head
-from quickdraft.models.draft_heads import HEAD_META, load_draft_head
+from quickdraft.models.draft_heads import HEAD_META, for_inference, load_draft_head
+from quickdraft.models.linear import Linear, packed_pays
 from quickdraft.models.loading import LoadedModel, resolve_dtype
 from quickdraft.models.native import unsupported_reason
 
@@ -27,9 +27,14 @@ class HeadLM:
         self.embed, self.vocab_size = embed, vocab_size
         self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
         self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
+        # a restricted head is a copy already: packed as the target's linears are (models/linear.py);
+        # the full head stays a view of the target's (no second 50 MB copy)
+        pack = self.head_ids is not None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu"
+        self.linear = Linear(self.weight, pack and packed_pays())
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
-        sub = F.linear(states, self.weight)
+        """(n, H) -> (n, V)."""
+        sub = self.linear(states)
         return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
 
 
@@ -69,7 +74,7 @@ def reusing_builder(module_type: type, make: Callable) -> Callable:
         if own != target.model.dtype:
             embed, head = embed.to(own), head.to(own)
         lm = HeadLM(embed, head, target.vocab_size, head_ids)
-        drafter = make(module.to(embed.device), lm, float(meta.get("eta", 0.6)), str(spec))
+        drafter = make(for_inference(module.to(embed.device)), lm, float(meta.get("eta", 0.6)), str(spec))
         if drafter.drafts_trees and meta.get("tree_gain"):  # measured by train-draft: sizes `draft_tree` auto
             drafter.tree_gain = {int(b): float(v) for b, v in meta["tree_gain"].items()}
             drafter.tree_gain_width = {int(b): int(w) for b, w in meta.get("tree_gain_width", {}).items()} or None

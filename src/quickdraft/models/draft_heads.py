@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.linear import Linear, fuse_rows, packed_pays
 from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tables
 
 HEAD_WEIGHTS = "draft_head.safetensors"
@@ -99,19 +100,32 @@ class DraftBlock(nn.Module):
             self.down = nn.Linear(cfg.intermediate, h, bias=False)
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.frozen: Block | None = None  # `pack`: the drafting block
 
     def block(self) -> Block:
         """This module's weights as the shared Llama block (`llama_block.Block`): the same arithmetic
-        as the native target's layers."""
+        as the native target's layers (the packed copy made by `pack` when not computing gradients)."""
+        if self.frozen is not None and not torch.is_grad_enabled():
+            return self.frozen
+        return self._block(lambda m: m)
+
+    def pack(self) -> None:
+        """Freeze the block for drafting: its linears as the target's are (`models/linear.py`: on a
+        bf16 CPU oneDNN's pre-packed kernel where it measures faster on this host, q/k/v and gate/up
+        fused into one call each). The copies do not follow later changes of the weights."""
+        pack = self.wq.weight.dtype == torch.bfloat16 and self.wq.weight.device.type == "cpu" and packed_pays()
+        self.frozen = self._block(lambda m: Linear(m.weight.detach(), pack), fuse=fuse_rows)
+
+    def _block(self, linear, fuse=list) -> Block:
         cfg, mlp = self.cfg, bool(self.cfg.intermediate)
         return Block(
             self.attn_norm.weight,
-            [self.wq, self.wk, self.wv],
-            self.wo,
+            fuse([linear(self.wq), linear(self.wk), linear(self.wv)]),
+            linear(self.wo),
             self.mlp_norm.weight if mlp else None,
-            [self.gate, self.up] if mlp else [],
+            fuse([linear(self.gate), linear(self.up)]) if mlp else [],
             [cfg.intermediate, cfg.intermediate] if mlp else [],
-            self.down if mlp else None,
+            linear(self.down) if mlp else None,
             cfg.heads,
             cfg.kv_heads,
             cfg.head_dim,
@@ -173,6 +187,7 @@ class FeatureHead(nn.Module):
         self.cfg = cfg
         self.fuse = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
         self.block = DraftBlock(cfg)
+        self.frozen_fuse: Linear | None = None  # `for_inference`
 
     def forward(
         self,
@@ -182,7 +197,9 @@ class FeatureHead(nn.Module):
         kv: KVCache | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.block(self.fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv, mask)
+        frozen = self.frozen_fuse is not None and not torch.is_grad_enabled()
+        fuse = self.frozen_fuse if frozen else self.fuse
+        return self.block(fuse(torch.cat((features, next_embeds), dim=-1)), positions, kv, mask)
 
 
 class BlockDrafter(FeatureHead):
@@ -200,6 +217,23 @@ class BlockDrafter(FeatureHead):
     def query(self, count: int, positions: torch.Tensor, kv: KVCache, mask: torch.Tensor | None = None):
         """(1, count, H) outputs of the first `count` mask queries after the cached prefix."""
         return self.block(self.queries[:count][None], positions, kv, mask)
+
+
+def for_inference(module: nn.Module) -> nn.Module:
+    """A module frozen for drafting, in place, once it sits on its final device and dtype: eval mode,
+    no gradients, and its linears packed as the target's are (`DraftBlock.pack`). Profiled on the
+    Xeon host (docs/benchmarks.md): a drafting round's head forwards read ~18 MB of weights after
+    the target's forward has swept the caches, and unpacked bf16 linears ran at about half the packed
+    kernel's speed. Not for training afterwards: the packed copies do not follow the weights."""
+    module.eval().requires_grad_(False)
+    for sub in module.modules():
+        if isinstance(sub, DraftBlock):
+            sub.pack()
+    if isinstance(module, FeatureHead):
+        weight = module.fuse.weight.detach()
+        pack = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packed_pays()
+        module.frozen_fuse = Linear(weight, pack)
+    return module
 
 
 def init_from_target(module: nn.Module, model, layer: int) -> None:
