@@ -34,6 +34,21 @@ def test_every_surface_parses_to_the_same_config(tiny_target):
     assert method.engine.config == want
 
 
+def test_an_explicit_draft_length_asks_for_a_chain():
+    """draft_tree auto sizes trees for drafters with a gain table; a draft length (or schedule) given
+    without draft_tree means a chain, from every surface; draft_tree given keeps its value."""
+    assert options_from({"draft_length": 3}).draft.tree == 0
+    assert options_from({"schedule": "heuristic"}).draft.tree == 0  # an alias counts too
+    assert options_from({"draft_length": 3, "draft_tree": "auto"}).draft.tree is None
+    assert options_from({"draft_length": 3, "tree": 8}).draft.tree == 8
+    assert options_from({"drafter": "head"}).draft.tree is None
+    base = options_from({"draft_tree": 16})
+    assert options_from({"draft_length": 3}, base).draft.tree == 16  # an earlier layer's explicit tree stays
+    cli = _build_parser().parse_args(["generate", "x", "--drafter", "head", "--draft-length", "4"])
+    assert options_from(given_options(cli)).draft.tree == 0
+    assert ServeConfig.from_settings({"draft_length": 4}).engine.draft.tree == 0
+
+
 def test_pearl_options_and_switches():
     cli = _build_parser().parse_args(["generate", "x", "--method", "pearl", "--gamma", "3", "--no-post-verify"])
     cfg = options_from(given_options(cli))

@@ -79,8 +79,9 @@ class DraftConfig:
         confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
         max_num_draft_tokens: upper bound for the heuristic schedule (default max(16, gamma)).
         tree: node budget of a draft tree (0 = a chain of num_draft_tokens; None = auto: a budget
-            sized from this host's measured verify costs for drafters with a gain table (suffix),
-            a chain for the others).
+            sized from this host's measured verify costs for drafters with a gain table (suffix, a
+            trained head), a chain for the others; `options_from` makes it 0 when a draft length or
+            schedule is given without it).
         tree_width: dynamic trees: nodes expanded per depth and children per expanded node.
         tree_shape: "dynamic" (EAGLE-2: by cumulative draft probability) or static children per
             node by depth, e.g. "3,2,1" (or "3:2:1", which a bench method string can hold).

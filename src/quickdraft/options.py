@@ -168,7 +168,8 @@ OPTIONS: dict[str, Option] = {
             ("draft", "tree"),
             int_or_auto,
             "node budget of a draft tree: 0 = a chain, auto = sized from this host's measured verify costs "
-            "(suffix drafter; a chain for the others)",
+            "(drafters with a measured gain table: suffix, a trained head; a chain for the others, or when "
+            "draft_length is given)",
             aliases=("tree",),
         ),
         Option("tree_width", ("draft", "tree_width"), int, "dynamic tree: nodes expanded per depth, children each"),
@@ -275,7 +276,16 @@ def options_from(
     validated by the config dataclasses. `where` prefixes error messages (e.g. "sd:draft_length=x: ").
     Per-request options are refused here (`request_from` takes them).
     """
-    return _apply(base or EngineConfig(), values, ENGINE_OPTIONS if allowed is None else allowed, where)
+    allowed = ENGINE_OPTIONS if allowed is None else allowed
+    config = _apply(base or EngineConfig(), values, allowed, where)
+    named = {option_name(key, allowed, where) for key in values}
+    if named & CHAIN_OPTIONS and "draft_tree" not in named and config.draft.tree is None:
+        config = dataclasses.replace(config, draft=dataclasses.replace(config.draft, tree=0))
+    return config
+
+
+# a draft length or schedule given without `draft_tree` asks for a chain, not the auto tree
+CHAIN_OPTIONS = frozenset({"draft_length", "draft_schedule", "confidence_threshold"})
 
 
 def request_from(values: Mapping[str, object], base: RequestOptions | None = None, where: str = "") -> RequestOptions:
