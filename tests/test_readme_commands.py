@@ -84,6 +84,7 @@ GROUPS: dict[str, list[Step]] = {
             SMALL,
         ),
         Step("quickdraft generate ... --draft-schedule heuristic", SMALL),
+        Step("quickdraft generate ... --drafter head", SMALL),
         Step("quickdraft generate ... --drafter head --draft-length 4", SMALL),
         Step("quickdraft generate ... --drafter head --draft-tree 16", SMALL),
         Step("quickdraft generate ... --drafter kangaroo --draft-length 6", SMALL),
