@@ -318,8 +318,13 @@ def test_readme_commands_run(group, files, tmp_path):
         elif " generate " in step.command:  # text, then the statistics, speculation included
             assert "new tokens" in proc.stdout and "tokens/s" in proc.stdout
             drafter = re.search(r"--drafter (\S+)", step.command)
-            if drafter and not drafter.group(1).startswith("ngram"):  # a model drafter always drafts
-                assert re.search(r"drafts / draft tokens\s+[1-9]", proc.stdout), proc.stdout
+            if drafter and not drafter.group(1).startswith("ngram"):  # a model drafter always drafts ...
+                drafted = re.search(r"drafts / draft tokens\s+[1-9]", proc.stdout)
+                # ... unless its tree is sized by auto (a head with a gain table) and no budget pays on
+                # this host (a tiny target's step costs what the head's does): the output says so
+                auto = not re.search(r"--draft-(tree|length|schedule)", step.command)
+                off = "speculation             off: no draft budget beats plain decoding" in proc.stdout
+                assert drafted or (auto and off), proc.stdout
     if group == "bench":
         summary = json.loads((tmp_path / "out" / "results.json").read_text())
         assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])

@@ -276,7 +276,7 @@ def options_from(
     validated by the config dataclasses. `where` prefixes error messages (e.g. "sd:draft_length=x: ").
     Per-request options are refused here (`request_from` takes them).
     """
-    allowed = ENGINE_OPTIONS if allowed is None else allowed
+    allowed = tuple(ENGINE_OPTIONS if allowed is None else allowed)  # read twice
     config = _apply(base or EngineConfig(), values, allowed, where)
     named = {option_name(key, allowed, where) for key in values}
     if named & CHAIN_OPTIONS and "draft_tree" not in named and config.draft.tree is None:
