@@ -63,8 +63,10 @@ def decode_eval(
     }
 
 
-GAIN_BUDGETS = (1, 2, 4, 8, 16, 32)
-GAIN_WIDTHS = (1, 2, 4, 8)  # width 1: a chain
+# {tree budget: the widths measured at it}; width 1 is a chain (not past 8 nodes), width = budget a
+# star of first tokens (wider is the same tree); narrow trees stop at 16 nodes
+GAIN_SHAPES = {1: (1,), 2: (1, 2), 4: (1, 2, 4), 8: (1, 2, 4, 8), 16: (2, 4, 8), 32: (4, 8)}
+GAIN_BUDGETS = tuple(GAIN_SHAPES)
 GAIN_TOKENS = 48  # new tokens per prompt
 
 
@@ -72,15 +74,13 @@ def tree_gain(
     module, target, head_ids, prompts: list[list[int]], max_new_tokens: int = GAIN_TOKENS
 ) -> tuple[dict[int, float], dict[int, int]]:
     """A trained head's gain table: ({tree budget: tokens per target forward}, {budget: the width
-    that gave it}), greedy on held-out `prompts`, the best of the dynamic trees of widths
-    GAIN_WIDTHS at each budget (narrow ones win at small budgets: a wide tree of 4 is a star of
-    first tokens). It sizes the head's `draft_tree` auto on each host (decoding/registry.py)."""
+    that gave it}), greedy on held-out `prompts`, the best of the dynamic trees of GAIN_SHAPES'
+    widths at each budget (narrow ones win at small budgets: a wide tree of 4 is a star of first
+    tokens). It sizes the head's `draft_tree` auto on each host (decoding/registry.py)."""
     gain: dict[int, float] = {}
     widths: dict[int, int] = {}
-    for b in GAIN_BUDGETS:
-        for w in GAIN_WIDTHS:
-            if w > b or (w == 1 and b > GAIN_WIDTHS[-1]) or (b > 2 * GAIN_WIDTHS[-1] and w < GAIN_WIDTHS[-2]):
-                continue  # the same tree as width b; a chain past 8; narrow trees past 16
+    for b, shapes in GAIN_SHAPES.items():
+        for w in shapes:
             tpf = decode_eval(module, "head", target, head_ids, prompts, max_new_tokens, tree=b, width=w)
             value = round(tpf["tokens_per_target_forward"], 3)
             if value > gain.get(b, 0.0):
@@ -92,7 +92,12 @@ def gain_meta(
     gain: tuple[dict[int, float], dict[int, int]], prompts: int, max_new_tokens: int = GAIN_TOKENS, command: str = ""
 ) -> dict:
     """What a head's json keeps of its gain table: the table, its widths and how it was measured."""
-    how = {"prompts": prompts, "max_new_tokens": max_new_tokens, "widths_tried": list(GAIN_WIDTHS), "greedy": True}
+    how = {
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+        "widths_tried": sorted({w for ws in GAIN_SHAPES.values() for w in ws}),
+        "greedy": True,
+    }
     how.update({"command": command} if command else {})
     return {
         "tree_gain": {str(b): v for b, v in gain[0].items()},

@@ -14,7 +14,7 @@ from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.cached_model import check_head_ids, scatter_head
 from quickdraft.models.draft_heads import HEAD_META, for_inference, load_draft_head
-from quickdraft.models.linear import Linear, packed_pays
+from quickdraft.models.linear import Linear, packs
 from quickdraft.models.loading import LoadedModel, resolve_dtype
 from quickdraft.models.native import unsupported_reason
 
@@ -29,8 +29,7 @@ class HeadLM:
         self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
         # a restricted head is a copy already: packed as the target's linears are (models/linear.py);
         # the full head stays a view of the target's (no second 50 MB copy)
-        pack = self.head_ids is not None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu"
-        self.linear = Linear(self.weight, pack and packed_pays())
+        self.linear = Linear(self.weight, self.head_ids is not None and packs(self.weight))
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """(n, H) -> (n, V)."""

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.linear import Linear, fuse_rows, packed_pays
+from quickdraft.models.linear import Linear, fuse_rows, packs
 from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tables
 
 HEAD_WEIGHTS = "draft_head.safetensors"
@@ -113,7 +113,7 @@ class DraftBlock(nn.Module):
         """Freeze the block for drafting: its linears as the target's are (`models/linear.py`: on a
         bf16 CPU oneDNN's pre-packed kernel where it measures faster on this host, q/k/v and gate/up
         fused into one call each). The copies do not follow later changes of the weights."""
-        pack = self.wq.weight.dtype == torch.bfloat16 and self.wq.weight.device.type == "cpu" and packed_pays()
+        pack = packs(self.wq.weight)
         self.frozen = self._block(lambda m: Linear(m.weight.detach(), pack), fuse=fuse_rows)
 
     def _block(self, linear, fuse=list) -> Block:
@@ -231,8 +231,7 @@ def for_inference(module: nn.Module) -> nn.Module:
             sub.pack()
     if isinstance(module, FeatureHead):
         weight = module.fuse.weight.detach()
-        pack = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packed_pays()
-        module.frozen_fuse = Linear(weight, pack)
+        module.frozen_fuse = Linear(weight, packs(weight))
     return module
 
 

@@ -76,6 +76,12 @@ def packed_pays(shape: tuple[int, int] = (1536, 576)) -> bool:
     return _PAYS[key]
 
 
+def packs(weight: torch.Tensor) -> bool:
+    """Whether linears over `weight` take the packed kernel here: a bf16 CPU weight on a host and
+    thread count where it measures faster (`packed_pays`; other dtypes never measure)."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packed_pays()
+
+
 class Linear:
     """y = x W^T for a (out, in) weight, packed for oneDNN when `pack` (bf16 CPU weights only).
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from quickdraft.models.batch_cache import BatchKVCache
-from quickdraft.models.linear import Linear, fuse_rows, packed_pays
+from quickdraft.models.linear import Linear, fuse_rows, packs
 from quickdraft.models.llama_block import Block, KVCache, rms_norm, rope_tables
 
 
@@ -60,7 +60,7 @@ class NativeLlama:
         self.embed = inner.embed_tokens.weight
         self.dtype, self.device = self.embed.dtype, self.embed.device
         # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (models/linear.py)
-        pack = self.dtype == torch.bfloat16 and self.device.type == "cpu" and packed_pays()
+        pack = packs(self.embed)
         self.packed = pack
         given = dict(linears or {})
 
