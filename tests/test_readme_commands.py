@@ -108,6 +108,11 @@ GROUPS: dict[str, list[Step]] = {
             "quickdraft bench --quick --methods ar,ar:quantize=gguf,sd:quantize=gguf,sd:drafter=quant:int4",
             "--prompts PROMPTS --runs 1 --max-new-tokens 8",
         ),
+        Step(
+            "quickdraft bench --quick --methods ar,sd,llama-cpp:quantize=q4_0,llama-cpp:quantize=bf16,"
+            "llama-cpp:lookup=2",
+            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+        ),
         Step("quickdraft export --to vllm --drafter ngram --draft-length 4"),
         Step("quickdraft export --to vllm --drafter truncated:6 --draft-out ./draft6"),
     ],

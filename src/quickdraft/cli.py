@@ -138,7 +138,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     print(result.text)
     label = "plain decoding" if engine.drafter is None else f"{config.method}, drafter {engine.drafter.name}"
     weights = f", {engine.quantized.describe()}" if engine.quantized is not None else ""
-    print(f"\n--- {engine.target_info.name} ({config.dtype}{weights}), {label}, finish_reason={result.finish_reason}")
+    where = f"{engine.info.runtime} runtime on {engine.info.device}, finish_reason={result.finish_reason}"
+    print(f"\n--- {engine.target_info.name} ({config.dtype}{weights}), {label}, {where}")
     print(_format_stats(result.stats.to_dict()))
     return 0
 

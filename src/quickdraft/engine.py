@@ -24,10 +24,9 @@ from quickdraft.models.batched import BatchedTarget
 from quickdraft.models.delta import SHIPPED_FOR
 from quickdraft.models.graphs import StaticBatchForward
 from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.models.native_cache import NativeCachedModel
 from quickdraft.models.quant import parse_quantize
-from quickdraft.models.quantized import quantize_model
-from quickdraft.models.runtime import cached_model, resolve_device
+from quickdraft.models.runtime import resolve_device
+from quickdraft.models.target import Target, load_target
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.types import GenerationResult
@@ -61,9 +60,9 @@ class Engine:
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
-        self.quantized = quantize_model(target, config.quantize) if parse_quantize(config.quantize).active else None
-        linears = self.quantized.linears if self.quantized is not None else None
-        self.target = cached_model(target.model, target.vocab_size, runtime=config.runtime, linears=linears)
+        built = load_target(target, config.runtime, config.quantize)
+        self.target: Target = built.target
+        self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
             self.drafter = drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)
@@ -130,7 +129,14 @@ class Engine:
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
         collector = Collector(stop, detokenize, decoder.lossy)
         collector.stats.verifier = decoder.verifier.name if decoder.verifier is not None else ""
+        collector.stats.ran = self.ran()
         return rounds, collector
+
+    def ran(self) -> dict[str, str]:
+        """What runs, as statistics report it: the method, the drafter as resolved (the default
+        included; "" for plain decoding), the target, its weights, the runtime and the device."""
+        drafter = self.drafter.name if self.drafter is not None else ""
+        return {"method": self.config.method, "drafter": drafter, **self.info.to_dict()}
 
     def close(self) -> None:
         """Stop worker processes, if any."""
@@ -167,7 +173,7 @@ class Engine:
         cfg = self.config
         if not self.method.batches:
             return f"method {cfg.method!r} decodes one sequence at a time"
-        if not isinstance(self.target, NativeCachedModel):
+        if not self.target.supports_batches:
             return "the target does not run on the native runtime"
         if cfg.verifier not in (None, "greedy", "speculative"):
             return f"verifier {cfg.verifier!r} (a batch verifies with the lossless rules)"
@@ -210,7 +216,9 @@ class Engine:
         target = BatchedTarget(self.target, max_batch or fitted)
         if graphs if graphs is not None else self.graphs:
             target.static = StaticBatchForward(target, self.target.max_length, graphs=self.device == "cuda")
-        return BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
+        decoder = BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
+        decoder.ran = self.ran()
+        return decoder
 
     def generate_batch(
         self, prompts_ids: Sequence[list[int]], sampling: SamplingConfig, stop: StopConfig, max_batch: int | None = None

@@ -85,6 +85,7 @@ class SpecStats:
     wall_s: float = 0.0
     lossy: bool = False
     verifier: str = ""  # the verifier's name ("" for plain decoding)
+    ran: dict[str, str] = field(default_factory=dict)  # method, drafter (as resolved), target, weights, runtime, device
     extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (e.g. PEARL runs)
 
     @property

@@ -5,8 +5,10 @@ option names of `options.OPTIONS` that the method reads (sd: drafter, draft_leng
 (alias schedule), confidence_threshold (alias threshold), verifier; pearl: drafter, verifier, gamma,
 pre_verify, post_verify, parallel), with the same defaults as the CLI. The peers run transformers'
 own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "hf-assisted"
-(assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule). Every method of
-ours also takes `runtime` and `quantize` (a quantized target: `ar:quantize=int4`, `sd:quantize=gguf`).
+(assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule), and llama.cpp
+on the target's GGUF: "llama-cpp" (keys quantize=gguf|q4_0|q4_1|q8_0|bf16 and lookup=N;
+bench/llama_cpp.py). Every method of ours also takes `runtime` and `quantize` (a quantized target:
+`ar:quantize=int4`, `sd:quantize=gguf`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
+from quickdraft.bench.llama_cpp import LlamaCppMethod
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
@@ -23,7 +27,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models.loading import LoadedModel
 from quickdraft.options import OPTIONS, option_name, options_from, request_from
 
-PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule")}
+PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule"), "llama-cpp": LLAMA_CPP_KEYS}
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 
 
@@ -241,7 +245,7 @@ class HFAssisted:
         return RunOutput(out[0, len(prompt_ids) :].tolist(), wall, self.forwards)
 
 
-PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted}
+PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted, "llama-cpp": LlamaCppMethod}
 
 
 def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"):

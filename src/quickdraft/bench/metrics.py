@@ -59,6 +59,8 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos, strict=True)],
         "swi": _swi(rows),
         "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
+        # other weights (quantized, llama.cpp's): how often the output equals our plain decoding's
+        "agreement_with_ar": sum(bool(r.get("agrees_ar", r["match_ar"])) for r in rows) / len(rows) if rows else 0.0,
         # PEARL's own "mean accepted tokens": tokens per run of accepts ending at a rejection
         # (correction included). Not comparable with mean_accepted_tokens (per target forward).
         "pearl_mean_accepted_tokens": _extra_ratio(rows, "pearl_run_tokens", "pearl_runs"),
@@ -108,7 +110,7 @@ def summarize(rows: list[dict], ar_method: str = "ar") -> dict:
         entry["categories"] = cats
         weights = mrows[0].get("quantize", "none")
         if weights != "none":  # a quantized target: its speedup over plain decoding of the same weights too
-            own = [r for r in rows if r.get("quantize") == weights and r["method"].split(":")[0] == "ar"]
+            own = [r for r in rows if r.get("quantize") == weights and r.get("plain", r["method"].startswith("ar"))]
             entry["quantize"] = weights
             entry["speedup_vs_own_ar"] = group_metrics(mrows, own)["speedup_vs_ar"] if own else None
         out["methods"][method] = entry

@@ -40,12 +40,14 @@ def _quantized_note(summary: dict) -> list[str]:
     lines = [
         "Methods on quantized weights run a different target: the quantized one. Their speedup above is over "
         f"`ar` ({'bf16/unquantized' if base == 'none' else base} weights); matches ar compares with plain "
-        "decoding of the same weights (what lossless means for them). Over plain decoding of their own weights:",
+        "decoding of the same weights (what lossless means for them; llama.cpp's own plain decoding for its "
+        "weights). Over plain decoding of their own weights:",
         "",
     ]
     for m, s in quantized.items():
         own = s.get("speedup_vs_own_ar")
-        lines.append(f"- `{m}`: {'-' if own is None else f'{own:.2f}x'}")
+        agree = f"; output equal to our `ar`'s: {s['agreement_with_ar']:.0%}" if "agreement_with_ar" in s else ""
+        lines.append(f"- `{m}` ({s['quantize']}): {'-' if own is None else f'{own:.2f}x'}{agree}")
     return [*lines, ""]
 
 

@@ -64,19 +64,33 @@ def machine_info(config_device: str = "cpu") -> dict:
 
 
 def _weights(spec: MethodSpec, default: str) -> str:
-    """The weights a method runs on: its own quantize key, else the bench's; peers: never quantized."""
+    """The weights a method runs on: its own quantize key, else the bench's; transformers' peers: the
+    loaded weights; llama.cpp: its GGUF ("llama-cpp:gguf") or a requantized copy ("llama-cpp:q4_0")."""
+    if spec.name == "llama-cpp":
+        return f"llama-cpp:{spec.get('quantize', 'gguf')}"
     return "none" if spec.name in PEER_CLASSES else spec.get("quantize", default)
+
+
+def _is_plain(spec: MethodSpec) -> bool:
+    """Plain decoding of its weights (what lossless compares with): ar, or llama-cpp without lookup."""
+    return spec.name == "ar" or (spec.name == "llama-cpp" and spec.get("lookup") is None)
+
+
+def _plain_for(weights: str) -> MethodSpec:
+    if weights.startswith("llama-cpp:"):
+        return MethodSpec("llama-cpp", (("quantize", weights.split(":", 1)[1]),))
+    return MethodSpec("ar", (("quantize", weights),))
 
 
 def _methods_with_ar(text: str, default: str = "none") -> list[MethodSpec]:
     """The methods, with plain decoding first, and plain decoding of every other weight form used
-    (what "lossless" compares with)."""
+    (what "lossless" compares with; llama.cpp's own plain decoding for its weights)."""
     specs = parse_methods(text)
     if not any(s.text == "ar" for s in specs):
         specs.insert(0, MethodSpec("ar"))
     for q in dict.fromkeys(_weights(s, default) for s in specs):
-        if not any(s.name == "ar" and _weights(s, default) == q for s in specs):
-            specs.insert(1, MethodSpec("ar", (("quantize", q),)))
+        if not any(_is_plain(s) and _weights(s, default) == q for s in specs):
+            specs.insert(1, _plain_for(q))
     if len({s.text for s in specs}) != len(specs):
         raise QuickdraftError("a method is listed twice")
     return specs
@@ -92,7 +106,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
     methods = {s.text: build_method(s, target, config.dtype, config.runtime, config.quantize) for s in specs}
-    plain = {s.text: s.name == "ar" for s in specs}
+    plain = {s.text: _is_plain(s) for s in specs}
     weights_of = {s.text: _weights(s, config.quantize) for s in specs}
     codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
@@ -122,8 +136,11 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                         "run": run,
                         "new_tokens": len(res.token_ids),
                         **asdict(res),
+                        "plain": plain[text],
                         # lossless means: equal to plain decoding of the same weights
                         "match_ar": res.token_ids == reference[(rec.question_id, weights)],
+                        # and with other weights, how often the output is our plain decoding's
+                        "agrees_ar": res.token_ids == reference[(rec.question_id, config.quantize)],
                     }
                     if text == "ar" and run == 0:
                         row["prompt_ids"] = ids

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, pick_token, prefill_step
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 from quickdraft.types import Round
 
 
@@ -18,7 +18,7 @@ class Autoregressive:
     lossy = False
     verifier = None  # nothing to verify
 
-    def __init__(self, target: CachedModel, events: dict[str, int] | None = None) -> None:
+    def __init__(self, target: Target, events: dict[str, int] | None = None) -> None:
         self.target = target
         self.events = dict(events or {})  # reported once, with the first token (why no speculation ran)
 

@@ -97,6 +97,7 @@ class BatchDecoder:
         self.waiting: deque[_Waiting] = deque()
         self.rows: list[_Row] = []  # in the target's row order
         self.rounds = 0
+        self.ran: dict[str, str] = {}  # what runs, copied into every row's statistics (Engine sets it)
 
     @property
     def idle(self) -> bool:
@@ -178,6 +179,7 @@ class BatchDecoder:
             drafter.begin(job.prompt)
         collector = Collector(job.stop, self.detokenize)
         collector.stats.verifier = "tree" if drafter is not None else ""
+        collector.stats.ran = dict(self.ran)
         row = _Row(job.key, job.prompt + [token], job.sampling, gens, drafter, collector)
         self.rows.append(row)
         kept = collector.feed(Round([token], verify_s=job.prefill_s))

@@ -21,7 +21,7 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import FEATURES, Drafter, bind_target
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.types import Round, TargetOutput
 
@@ -90,7 +90,7 @@ class StateHandoff:
 
 
 def prefill_step(
-    target: CachedModel,
+    target: Target,
     prompt_ids: Sequence[int],
     sampling: SamplingConfig,
     generator: torch.Generator,

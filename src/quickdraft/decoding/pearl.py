@@ -32,7 +32,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
@@ -228,7 +228,7 @@ class PearlDecoder:
 
     name = "pearl"
 
-    def __init__(self, target: CachedModel, drafter: Drafter, verifier: Verifier, config: PearlConfig, gamma: int):
+    def __init__(self, target: Target, drafter: Drafter, verifier: Verifier, config: PearlConfig, gamma: int):
         self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
         self.lossy = verifier.lossy
         self.last_verdict: PearlVerdict | None = None

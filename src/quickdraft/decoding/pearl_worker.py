@@ -145,14 +145,12 @@ class _DraftRole:
 class _TargetRole:
     def __init__(self, spec: ParallelSpec) -> None:
         from quickdraft.models.loading import load_model
-        from quickdraft.models.quantized import quantize_model
-        from quickdraft.models.runtime import cached_model
+        from quickdraft.models.target import load_target
 
         self.spec = spec
         loaded = load_model(spec.target, spec.dtype)
         self.eos = set(loaded.eos_token_ids)
-        linears = quantize_model(loaded, spec.quantize).linears
-        self.target = cached_model(loaded.model, loaded.vocab_size, runtime=spec.runtime, linears=linears)
+        self.target = load_target(loaded, spec.runtime, spec.quantize).target
 
     def step_seconds(self) -> float:
         return step_seconds(self.target)

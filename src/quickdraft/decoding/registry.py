@@ -19,7 +19,7 @@ from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_cost
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 from quickdraft.models.timing import step_seconds
 from quickdraft.verifiers import make_verifier
 
@@ -44,7 +44,7 @@ class DecodeParts:
     memo of what is measured once (PEARL's gamma, the tree budget) and what a decoder started once
     and `close` stops (PEARL's worker processes)."""
 
-    target: CachedModel
+    target: Target
     drafter: Drafter | None
     config: DecodeOptions
     target_name: str | None = None

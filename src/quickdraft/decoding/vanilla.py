@@ -28,7 +28,7 @@ from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier
@@ -51,7 +51,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        target: CachedModel,
+        target: Target,
         drafter: Drafter,
         verifier: Verifier,
         make_policy: Callable[[], DraftPolicy] | None,

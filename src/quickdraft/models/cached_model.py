@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.kv_cache import cache_length, crop, new_cache
 from quickdraft.prompts import context_length
+from quickdraft.types import TargetOutput
 
 
 def check_head_ids(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -50,6 +51,7 @@ class TokenCacheVerbs:
 
     supports_trees = False
     reads_states = False
+    supports_batches = False
 
     def prefill(self, tokens: Sequence[int], **extend_options) -> torch.Tensor:
         """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
@@ -77,13 +79,16 @@ class TokenCacheVerbs:
 
 
 class CachedModel(TokenCacheVerbs):
-    """One model + one KV cache, with prefill/extend/rollback verbs (Hugging Face's forward).
+    """One model + one KV cache, with prefill/extend/rollback verbs (Hugging Face's forward): the
+    `hf` implementation of `models.target.Target` (chains only; no states).
 
     Args:
         model: an unmodified Hugging Face causal LM (eval mode).
         vocab_size: logits are cut to this many columns (drops a padded vocabulary tail).
         head_ids: (K,) token ids (< vocab_size) the LM head is restricted to; None = all.
     """
+
+    runtime = "hf"
 
     def __init__(
         self, model: PreTrainedModel, vocab_size: int | None = None, head_ids: torch.Tensor | None = None
@@ -114,6 +119,26 @@ class CachedModel(TokenCacheVerbs):
     def reset(self) -> None:
         self.cache = new_cache(self.model)
         self.tokens = []
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        last_only: bool = False,
+        positions: Sequence[int] | None = None,
+        tree_mask: torch.Tensor | None = None,
+        keep_hidden: Sequence[int] = (),
+        shallow: torch.Tensor | None = None,
+        features: bool = False,
+    ) -> TargetOutput:
+        """`extend` as a `TargetOutput` (logits only): this runtime runs chains and keeps no states."""
+        if positions is not None or tree_mask is not None or shallow is not None:
+            raise QuickdraftError("token trees and shallow passes need the native runtime (--runtime auto|native)")
+        if keep_hidden or features:
+            raise QuickdraftError("drafters that read the target's states need the native runtime")
+        return TargetOutput(self.extend(tokens, last_only))
+
+    def compact(self, keep: Sequence[int]) -> None:
+        raise QuickdraftError("token trees need the native runtime (--runtime auto|native)")
 
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], last_only: bool = False) -> torch.Tensor:

@@ -54,7 +54,8 @@ class ShallowPass:
 
 
 class NativeCachedModel(TokenCacheVerbs):
-    """One Llama-family model run natively, with its static cache.
+    """One Llama-family model run natively, with its static cache: the `native` implementation of
+    `models.target.Target` (trees, states, shallow passes, batches).
 
     Args:
         model: a Hugging Face LlamaForCausalLM (its weights are read in place).
@@ -65,6 +66,7 @@ class NativeCachedModel(TokenCacheVerbs):
     runtime = "native"
     supports_trees = True
     reads_states = True
+    supports_batches = True  # models/batched.BatchedTarget runs several sequences over its forward
 
     def __init__(
         self,

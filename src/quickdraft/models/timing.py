@@ -7,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.models.target import Target
 
 
 @functools.cache
@@ -29,7 +29,7 @@ def cpu_model() -> str:
     return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
-def step_seconds(model: CachedModel, context: int = 64, repeats: int = 5) -> float:
+def step_seconds(model: Target, context: int = 64, repeats: int = 5) -> float:
     """Median seconds of one single-token cached step after `context` tokens (the cache is reset)."""
     probe = [i % model.vocab_size for i in range(3, 3 + context)]
     model.reset()

@@ -223,6 +223,7 @@ def spec_metrics(stats: SpecStats) -> dict:
             "mean_acceptance_length": stats.mean_acceptance_length,
             "num_target_forwards": stats.num_target_forwards,
             "lossy": stats.lossy,
+            **stats.ran,
         }
     }
 
