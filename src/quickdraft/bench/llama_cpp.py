@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from quickdraft.bench.outputs import RunOutput
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.default import cache_dir
 from quickdraft.models.loading import LoadedModel
@@ -130,8 +131,6 @@ class LlamaCppMethod:
         return f"llama-cpp:{self.quant}"
 
     def run(self, prompt_ids: list[int], max_new_tokens: int):
-        from quickdraft.bench.methods import RunOutput
-
         self.forwards, self.drafts = 0, []
         self.llm.reset()  # no prefix reuse between runs: the prompt is prefilled every time, as ours
         out: list[int] = []

@@ -14,12 +14,13 @@ bench/llama_cpp.py). Every method of ours also takes `runtime` and `quantize` (a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
 from quickdraft.bench.llama_cpp import LlamaCppMethod
+from quickdraft.bench.outputs import RunOutput
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
@@ -94,23 +95,6 @@ def parse_methods(text: str) -> list[MethodSpec]:
     if not specs:
         raise QuickdraftError("no methods given")
     return [MethodSpec(name, tuple(opts)) for name, opts in specs]
-
-
-@dataclass
-class RunOutput:
-    """What one method run on one prompt produced (the bench row's measurements)."""
-
-    token_ids: list[int]
-    wall_s: float
-    target_forwards: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
-    extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
-    draft_cost_units: float | None = None  # drafting in target forwards (bench/cost.py); None: not counted
 
 
 def _int(spec: MethodSpec, key: str, default: int) -> int:
