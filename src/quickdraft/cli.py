@@ -31,7 +31,9 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
 
     prep = sub.add_parser(
-        "prepare", help="convert the embedded default model once (GGUF -> safetensors cache) and index its datastore"
+        "prepare",
+        help="convert the embedded default model once (GGUF -> safetensors cache), index its datastore and build "
+        "the fused CPU kernels for this host",
     )
     prep.set_defaults(func=_cmd_prepare)
 
@@ -146,11 +148,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
+    from quickdraft.models import kernels
     from quickdraft.models.default import ensure_default_model
 
     print(ensure_default_model())
     for folder in sorted(p.parent for p in SHIPPED_DATASTORES.glob("*/datastore.json")):
         load_datastore(folder)  # the suffix drafter's index, built once into the cache
+    if kernels.fused_ops() is not None:  # the native runtime's fused CPU kernels, built once for this host
+        print(f"fused CPU kernels: {kernels.build_dir()}")
     return 0
 
 

@@ -24,10 +24,16 @@ _MEMO: dict[str, dict[int, float]] = {}
 
 
 def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
-    """What a measured curve depends on: CPU model and kernels, threads, torch, dtype, model and its
-    weights' form (a quantized target's curve is much steeper: its kernels are row-bound)."""
+    """What a measured curve depends on: CPU model and kernels, threads, torch, the runtime's kernels
+    (the packed linear chosen here, the fused block kernels or not), dtype, model and its weights'
+    form (a quantized target's curve is much steeper: its kernels are row-bound)."""
+    from quickdraft.models import kernels
+    from quickdraft.models.linear import packing
+
     capability = torch.backends.cpu.get_cpu_capability()
-    raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{dtype}-{model_name}"
+    runtime = f"{packing() or 'plain'}-{'fused' if kernels.fused_ops() is not None else 'torch'}"
+    raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{runtime}"
+    raw += f"-{dtype}-{model_name}"
     raw += "" if weights == "none" else f"-{weights}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 

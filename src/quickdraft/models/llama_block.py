@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models import kernels
 from quickdraft.models.linear import apply_rows
 
 
@@ -99,6 +100,12 @@ def grow(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     grown = t.new_zeros(shape)
     grown.narrow(dim, 0, t.shape[dim]).copy_(t)
     return grown
+
+
+# Up to this many rows attend through the fused kernel, more through torch's flash SDPA (its GEMMs pay):
+# measured on an AMD EPYC (AVX-512-BF16, 2 threads; scripts/step_profile.py): the 17-row forward cost
+# 2.22 one-row steps with the kernel at every width, 1.61 with SDPA above 4 rows, 1.78 above 1.
+ATTEND_ROWS = 4
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -198,11 +205,55 @@ class Block:
         x), then + MLP(norm x) when it has one. `rows` (a bool mask over x's rows): every row gives
         its keys and values, but only these rows are computed on, returned flattened to (N, H)
         (training reads the outputs of the scored rows only)."""
+        if rows is None and type(cache) is KVCache and self.down is not None and self._fusable(x, cache):
+            return self._fused_forward(kernels.fused_ops(), x, cos, sin, cache, layer, at, mask)
         h = self.attention(rms_norm(x, self.attn_norm, self.eps), cos, sin, cache, layer, at, mask, rows)
         x = (x if rows is None else x[rows]) + h
         if self.down is not None:
             x = x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
         return x
+
+    def _fusable(self, x: torch.Tensor, cache: KVCache) -> bool:
+        """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference."""
+        return x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
+
+    def _norm(self, ops, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None):
+        """(x + residual, RMSNorm of it): one fused call, except in float64, where Hugging Face's norm
+        runs in float32 and torch's reduction is kept so logits stay equal to its to 1e-10."""
+        if x.dtype == torch.float64:
+            s = x if residual is None else x + residual
+            return s, rms_norm(s, weight, self.eps)
+        s, normed = ops.add_rms_norm(x, residual, weight, self.eps)
+        return (x if residual is None else s), normed
+
+    def _fused_forward(self, ops, x, cos, sin, cache: KVCache, layer: int, at: int, mask) -> torch.Tensor:
+        """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norm
+        (with the residual add), RoPE with the cache write, attention and SwiGLU are one call each; the
+        linears are the block's own. Same arithmetic as the torch path, rounding aside."""
+        x = x.contiguous()
+        _, h = self._norm(ops, x, self.attn_norm)
+        y = self.qkv[0](h) if len(self.qkv) == 1 else torch.cat([f(h) for f in self.qkv], dim=-1)
+        if cos.dtype != y.dtype:
+            cos, sin = cos.to(y.dtype), sin.to(y.dtype)
+        q = ops.rope_store(
+            y.contiguous(), cos.contiguous(), sin.contiguous(), cache.k[layer], cache.v[layer], at,
+            self.heads, self.kv_heads,
+        )  # fmt: skip
+        n = x.shape[0]
+        if n <= ATTEND_ROWS:  # a few rows: one fused call; more: torch's flash kernel (GEMMs) pays
+            out = ops.attend(q, cache.k[layer], cache.v[layer], at + n, mask)  # (T, heads * d)
+        else:
+            keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]
+            q = q.transpose(0, 1)[None]  # (1, heads, T, d)
+            out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
+            out = out[0].transpose(0, 1).flatten(1)
+        x, h = self._norm(ops, x, self.mlp_norm, self.wo(out))
+        if len(self.gate_up) == 1 and self.gate_up_sizes[0] == self.gate_up_sizes[1]:
+            m = ops.silu_mul(self.gate_up[0](h).contiguous())
+        else:
+            gate, up = apply_rows(self.gate_up, self.gate_up_sizes, h)
+            m = F.silu(gate) * up
+        return x + self.down(m)
 
 
 def causal_mask(t: int, at: int, device) -> torch.Tensor:

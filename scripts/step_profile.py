@@ -1,0 +1,83 @@
+"""Our target step, measured and profiled: ms per one-row step (plain greedy decoding), the cost curve
+of a k-row forward (1-33 rows, as multiples of one row), and torch.profiler's top ops of the one-row
+step. The floor work (issue "The target's step at the hardware's floor") compares these before and
+after each change.
+
+    python scripts/step_profile.py [--quantize none|int8|gguf] [--threads 2] [--context 200] [--top 20]
+    QUICKDRAFT_FAST_BLOCK=0 python scripts/step_profile.py    # the block without the fused kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from quickdraft.models.loading import load_model
+from quickdraft.models.target import load_target
+from quickdraft.models.timing import cpu_fields, cpu_model
+
+ROWS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def median_seconds(fn, repeats: int, warmup: int) -> float:
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quantize", default="none")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(None, "bfloat16")
+    target = load_target(loaded, "auto", args.quantize).target
+    prompt = [(i * 37) % 1000 + 10 for i in range(args.context)]
+
+    def step_ms(rows: int) -> float:
+        target.prefill(prompt)
+        tokens = list(range(100, 100 + rows))
+
+        def once() -> None:
+            target.extend(tokens)
+            target.rollback(len(prompt))
+
+        return 1000 * median_seconds(once, repeats=20, warmup=3)
+
+    curve = {k: step_ms(k) for k in ROWS}
+    one = curve[1]
+    flags = set(cpu_fields().get("flags", "").split())
+    host = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"})
+    print(f"{cpu_model()} {host} threads={args.threads} quantize={args.quantize} context={args.context}")
+    print(f"one-row step: {one:.2f} ms")
+    print("rows: " + "  ".join(f"{k}: {v / one:.2f}" for k, v in curve.items()))
+    if not args.no_profile:
+        target.prefill(prompt)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            token = 100
+            for _ in range(32):
+                token = int(target.extend([token], last_only=True)[-1].argmax())
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
+        print("torch.profiler, 32 one-row steps, by self CPU time:")
+        print(table)
+        events = prof.key_averages()
+        print(f"ops per step: {sum(e.count for e in events) / 32:.0f}")
+    print(json.dumps({"one_row_ms": round(one, 3), "curve": {k: round(v / one, 3) for k, v in curve.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The fused CPU kernels (models/kernels/fused.cpp) against the torch ops they replace, each kernel alone
+and the native forward through them (float64: equal to the torch path to 1e-10)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quickdraft.models import kernels, linear
+from quickdraft.models.llama_block import KVCache, rms_norm, rope_tables, rotate
+from quickdraft.models.native_cache import NativeCachedModel
+
+from conftest import tiny_llama
+
+ops = kernels.fused_ops()
+needs_ops = pytest.mark.skipif(ops is None, reason="the fused kernels could not be built here")
+
+
+def test_the_kernels_build_where_a_compiler_exists():
+    if shutil.which("c++") or shutil.which("g++"):
+        assert ops is not None, "a C++ compiler is present but the fused kernels did not build"
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("residual", [False, True])
+def test_add_rms_norm_equals_torch(dtype, residual):
+    x, h, w = (torch.randn(5, 48, dtype=dtype) for _ in range(2)), None, torch.rand(48, dtype=dtype) + 0.5
+    x, h = x
+    s, normed = ops.add_rms_norm(x, h if residual else None, w, 1e-5)
+    want_s = x + h if residual else x
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    if residual:
+        torch.testing.assert_close(s, want_s, **tol)
+    torch.testing.assert_close(normed, rms_norm(want_s, w, 1e-5), **tol)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_rope_store_and_attend_equal_rope_and_sdpa(dtype, masked):
+    heads, kv, d, at, t = 6, 2, 16, 7, 3
+    torch.manual_seed(0)
+    cache = KVCache(1, kv, d, dtype, "cpu", capacity=32)
+    cache.k[0, :, :at] = torch.randn(kv, at, d, dtype=dtype)
+    cache.v[0, :, :at] = torch.randn(kv, at, d, dtype=dtype)
+    y = torch.randn(t, (heads + 2 * kv) * d, dtype=dtype)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_tables(inv, torch.arange(at, at + t), dtype)
+    # the torch path
+    yh = y.view(t, heads + 2 * kv, d)
+    qk = rotate(yh[:, : heads + kv], cos[:, None], sin[:, None])
+    q_want, k_want, v_want = qk[:, :heads], qk[:, heads:], yh[:, heads + kv :]
+    keys = torch.cat([cache.k[0, :, :at], k_want.transpose(0, 1)], dim=1)
+    values = torch.cat([cache.v[0, :, :at], v_want.transpose(0, 1)], dim=1)
+    mask = torch.rand(t, at + t) > 0.3 if masked else None
+    if mask is not None:
+        mask[:, at:] = torch.eye(t, dtype=torch.bool) | mask[:, at:].tril()  # each row sees itself
+    att = F.scaled_dot_product_attention(
+        q_want.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+    )[0]
+    want = att.transpose(0, 1).flatten(1)
+    # the kernels
+    q = ops.rope_store(y, cos, sin, cache.k[0], cache.v[0], at, heads, kv)
+    got = ops.attend(q, cache.k[0], cache.v[0], at + t, mask)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(q, q_want, **tol)
+    torch.testing.assert_close(cache.k[0, :, at : at + t], k_want.transpose(0, 1), **tol)
+    torch.testing.assert_close(cache.v[0, :, at : at + t], v_want.transpose(0, 1), **tol)
+    torch.testing.assert_close(got, want, **tol)
+
+
+@needs_ops
+def test_silu_mul_equals_torch():
+    gu = torch.randn(4, 2 * 40, dtype=torch.float32) * 4
+    torch.testing.assert_close(ops.silu_mul(gu), F.silu(gu[:, :40]) * gu[:, 40:], atol=1e-5, rtol=1e-5)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
+@pytest.mark.parametrize("shape", [(96, 64), (37, 23), (1536, 576)])
+def test_packed_bf16_linear_equals_f_linear(rows, shape):
+    w = torch.randn(shape, dtype=torch.bfloat16)
+    x = torch.randn(rows, shape[1], dtype=torch.bfloat16)
+    got = ops.linear_packed(x, ops.pack_bf16(w), shape[0])
+    want = F.linear(x.float(), w.float())  # fp32 accumulation, then one rounding: as torch's bf16 GEMM
+    torch.testing.assert_close(got.float(), want, atol=0.05 * want.abs().max().item() / 8, rtol=1e-2)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_native_forward_through_the_kernels_equals_the_torch_path(dtype, monkeypatch):
+    target = tiny_llama(dtype=dtype, layers=3)
+    fused = NativeCachedModel(target.model)
+    rows = [[5, 9, 13, 2, 40, 41], [7], [8, 9, 10, 11, 12, 13, 14]]  # a prefill, a step, a verify (> 4 rows)
+    got = [fused.extend(r) for r in rows]
+    monkeypatch.setattr(kernels, "usable", lambda x: False)
+    plain = NativeCachedModel(target.model)
+    want = [plain.extend(r) for r in rows]
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+@needs_ops
+def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
+    lin = linear.Linear(torch.randn(64, 32, dtype=torch.bfloat16), pack=True)
+    assert lin.kind == "fused" and lin.packed.shape == (4, 16, 16, 2)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    torch.testing.assert_close(lin(x).float(), F.linear(x.float(), lin.weight.float()), atol=0.1, rtol=2e-2)
+    assert linear.packing() in (None, *linear.KINDS)
