@@ -8,6 +8,10 @@ For bf16, int8, int4 and gguf weights of the target (native runtime, this host's
   self-draft at the first position).
 
     python scripts/quant_costs.py --out docs/bench/quant-costs [--prompts 6 --tokens 96]
+    python scripts/quant_costs.py --forms none,w8a8,int8,gguf --heldout ../shared/data/seqkd --prompts 24
+
+--heldout DIR scores agreement on the first N held-out rows of the SeqKD corpus (their chat-templated
+prompts, the bf16 target's own greedy continuations) instead of Spec-Bench prompts.
 
 Writes costs.json, costs.md and step_costs.png under --out.
 """
@@ -29,7 +33,7 @@ from quickdraft.models.native_cache import NativeCachedModel
 from quickdraft.models.quantized import quantize_model
 from quickdraft.prompts import PromptCodec
 
-FORMS = ("none", "int8", "int4", "gguf")
+FORMS = ("none", "int8", "w8a8", "int4", "gguf")
 ROWS = (1, 5, 9, 17)
 
 
@@ -52,6 +56,22 @@ def agreement(owner: NativeCachedModel, seqs: list[tuple[list[int], list[int]]])
     return hits / total
 
 
+def heldout_prompts(folder: Path, n: int) -> list[list[int]]:
+    """The chat-templated prompt ids of the first n held-out rows of a SeqKD corpus (greedy files first)."""
+    import gzip
+
+    out = []
+    for path in sorted(folder.glob("seqkd-*.jsonl.gz")):
+        with gzip.open(path, "rt") as fh:
+            for line in fh:
+                row = json.loads(line)
+                if row.get("split") == "heldout":
+                    out.append(list(row["prompt_ids"]))
+                    if len(out) == n:
+                        return out
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/bench/quant-costs")
@@ -59,22 +79,26 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated weight forms (none = bf16)")
+    ap.add_argument("--heldout", default=None, help="a SeqKD corpus folder: score its held-out prompts")
     args = ap.parse_args()
+    forms = tuple(args.forms.split(","))
     torch.set_num_threads(args.threads)
     target = load_model("default", "bfloat16")
     codec = PromptCodec.for_target(target)
     owners = {}
-    for form in FORMS:
+    for form in forms:
         q = quantize_model(target, form) if form != "none" else None
         owners[form] = NativeCachedModel(target.model, linears=q.linears if q else None)
         print(form, q.describe() if q else "bf16 weights", flush=True)
-    records = load_prompts("spec_bench", None, None)[:: max(1, 80 // args.prompts)][: args.prompts]
-    seqs = []
-    for rec in records:
-        ids = codec.encode(rec.prompt)
-        seqs.append((ids, greedy(owners["none"], ids, args.tokens)))
+    if args.heldout:
+        prompts = heldout_prompts(Path(args.heldout), args.prompts)
+    else:
+        records = load_prompts("spec_bench", None, None)[:: max(1, 80 // args.prompts)][: args.prompts]
+        prompts = [codec.encode(rec.prompt) for rec in records]
+    seqs = [(ids, greedy(owners["none"], ids, args.tokens)) for ids in prompts]
     context = list(range(100, 300))
-    times: dict[str, dict[int, list[float]]] = {f: {r: [] for r in ROWS} for f in FORMS}
+    times: dict[str, dict[int, list[float]]] = {f: {r: [] for r in ROWS} for f in forms}
     for owner in owners.values():
         owner.reset()
         owner.extend(context)
@@ -95,8 +119,9 @@ def main() -> None:
                 "step_ms": {r: 1e3 * statistics.median(times[form][r]) for r in ROWS},
                 "agreement": agreement(owners[form], seqs),
             }
-            for form in FORMS
+            for form in forms
         },
+        "prompt_source": f"{args.heldout} held-out rows" if args.heldout else "Spec-Bench",
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +129,8 @@ def main() -> None:
     base = result["forms"]["none"]["step_ms"][1]
     lines = [
         f"Machine: {result['machine']['cpu']} ({result['machine']['cpu_capability']}), {args.threads} threads, "
-        f"torch {result['machine']['torch']}; agreement over {len(seqs)} Spec-Bench prompts x {args.tokens} tokens.",
+        f"torch {result['machine']['torch']}; agreement over {len(seqs)} prompts ({result['prompt_source']}) x "
+        f"{args.tokens} tokens.",
         "",
         "| weights | "
         + " | ".join(f"{r} row{'s' if r > 1 else ''} (ms)" for r in ROWS)

@@ -113,3 +113,42 @@ def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypa
     x = torch.randn(3, 32, dtype=torch.bfloat16)
     torch.testing.assert_close(lin(x).float(), F.linear(x.float(), lin.weight.float()), atol=0.1, rtol=2e-2)
     assert linear.packing() in (None, *linear.KINDS)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype):
+    from quickdraft.models.quant import W8A8Linear, int8_linear
+
+    torch.manual_seed(rows)
+    base = int8_linear(torch.randn(37, 70))
+    lin = W8A8Linear(base.q, base.scales)
+    x = torch.randn(rows, 70).to(dtype)
+    xf = x.float()
+    sx = xf.abs().amax(dim=1, keepdim=True) / 127  # the kernel's per-row activation grid, emulated
+    want = F.linear(torch.round(xf / sx) * sx, base.dequantized())
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+    assert lin(x).dtype == dtype
+    # a row's output does not depend on the other rows (integer sums, per-row scales): batch-invariant
+    torch.testing.assert_close(lin(x[:1]), lin(x)[:1], atol=0, rtol=0)
+
+
+@needs_ops
+def test_w8a8_target_speculation_equals_its_plain_decoding():
+    from quickdraft import Engine
+    from quickdraft.config import SamplingConfig, StopConfig
+    from quickdraft.options import options_from
+
+    target = tiny_llama(dtype=torch.float32, layers=3, hidden=64)
+    ar = Engine(target, options_from({"method": "ar", "quantize": "w8a8"}))
+    sd = Engine(target, options_from({"drafter": "ngram", "draft_length": 3, "quantize": "w8a8"}))
+    assert ar.info.weights == "w8a8"
+    drafted = 0
+    for prompt in ([5, 6, 7, 5, 6, 7], [9, 9, 9, 9], [1, 2, 1, 2, 1, 2]):
+        a = ar.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        b = sd.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        assert b.token_ids == a.token_ids
+        drafted += b.stats.num_draft_tokens
+    assert drafted > 0

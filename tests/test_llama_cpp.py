@@ -100,3 +100,11 @@ def test_bench_reports_llama_cpp_agreement_apart_from_the_lossless_match(smollm,
     assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["speedup_vs_own_ar"] is not None
     assert "llama-cpp:quantize=gguf" in summary["methods"]
     assert "output equal to our `ar`'s" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.real_model
+def test_lookup_runs_past_one_batch_of_positions(smollm):
+    lookup = build_method(parse_methods("llama-cpp:lookup=2")[0], smollm, "bfloat16")
+    out = lookup.run(list(range(100, 700)), 8)  # 600 prompt positions: past llama-cpp-python's n_batch of 512
+    assert len(out.token_ids) == 8
+    lookup.close()

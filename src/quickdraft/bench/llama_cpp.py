@@ -106,7 +106,7 @@ class LlamaCppMethod:
 
             draft = Recorded(num_pred_tokens=self.lookup)
         threads = torch.get_num_threads()
-        context = min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 8192)
+        context = min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
         self.llm = lib.Llama(
             model_path=str(quantized_copy(target.gguf, self.quant)),
             n_ctx=context,
@@ -114,6 +114,9 @@ class LlamaCppMethod:
             n_threads=threads,
             n_threads_batch=threads,
             draft_model=draft,
+            # with a draft model, llama-cpp-python keeps every row's logits but sizes that buffer by this
+            # flag, not by the draft (0.3.36): past n_batch positions it fails unless told
+            logits_all=self.speculative,
             verbose=False,
         )
         self.eos = set(target.eos_token_ids)
