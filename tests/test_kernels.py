@@ -119,15 +119,17 @@ def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypa
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype):
-    from quickdraft.models.quant import W8A8Linear, int8_linear
+    from quickdraft.models.quant import w8a8_linear
 
     torch.manual_seed(rows)
-    base = int8_linear(torch.randn(37, 70))
-    lin = W8A8Linear(base.q, base.scales)
+    w = torch.randn(37, 70)
+    lin = w8a8_linear(w)
+    assert (lin.dequantized() - w).abs().max() <= lin.scales.max() / 2 + 1e-6  # the weight grid, 32-blocks
     x = torch.randn(rows, 70).to(dtype)
-    xf = x.float()
-    sx = xf.abs().amax(dim=1, keepdim=True) / 127  # the kernel's per-row activation grid, emulated
-    want = F.linear(torch.round(xf / sx) * sx, base.dequantized())
+    xf = F.pad(x.float(), (0, 26)).view(rows, 3, 32)  # the kernel's activation grid, emulated per block
+    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
+    xq = (torch.round(xf / sx) * sx).view(rows, 96)[:, :70]
+    want = F.linear(xq, lin.dequantized())
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
     assert lin(x).dtype == dtype

@@ -52,6 +52,8 @@ def _pack(weight: torch.Tensor, kind: str = "onednn") -> torch.Tensor:
 def _packed_call(x: torch.Tensor, packed: torch.Tensor, kind: str = "onednn", out: int = 0) -> torch.Tensor:
     """x (..., in) through a packed weight of `out` outputs -> (..., out)."""
     if kind == "fused":
+        if x.dim() == 2:
+            return kernels.fused_ops().linear_packed(x, packed, out)
         y = kernels.fused_ops().linear_packed(x.reshape(-1, x.shape[-1]), packed, out)
         return y.view(*x.shape[:-1], out)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -2,9 +2,10 @@
 
     none      bf16/float32 weights (models/linear.py)
     int8      one int8 per weight, one scale per output channel (`aten._weight_int8pack_mm`)
-    w8a8      the same int8 weights, times activations quantized to int8 per row on the fly (VNNI's
-              vpdpbusd in quickdraft's fused kernels, models/kernels/fused.cpp): half bf16's weight bytes
-              and twice its multiply-adds an instruction, so the step is faster and the curve flatter
+    w8a8      int8 weights in blocks of 32 inputs (a scale each), times activations quantized the same
+              way per row on the fly (llama.cpp's Q8_0 x Q8_0; VNNI's vpdpbusd in quickdraft's fused
+              kernels, models/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
+              instruction
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
     gguf      a GGUF model's own blocks, packed without a round trip (models/gguf_weights.py)
@@ -27,6 +28,7 @@ from quickdraft.errors import QuickdraftError
 
 MODES = ("none", "int8", "w8a8", "int4", "gguf")
 INT4_GROUPS = (32, 64)
+W8A8_BLOCK = 32  # inputs per scale block of w8a8 weights and activations (the kernel's)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 
 
@@ -103,10 +105,15 @@ class Int8Linear:
 
 
 class W8A8Linear:
-    """y = s_x s_w (x_q q^T) with q (out, in) int8 and s_w (out,) per output channel, x quantized to int8
-    per row on the fly (`models/kernels`: `pack_int8` / `linear_w8a8`). Needs the fused kernels."""
+    """y = x W^T with W int8 in blocks of 32 inputs (one scale per output and block), x quantized the
+    same way per row on the fly (as llama.cpp's Q8_0 x Q8_0; `models/kernels`: `linear_w8a8`).
 
-    __slots__ = ("q", "scales", "packed", "colsum", "scales_padded")
+    Args:
+        q: (out, in) int8 codes in [-127, 127].
+        scales: (out, ceil(in / 32)) float32 block scales: W[o, k] = q[o, k] * scales[o, k // 32].
+    """
+
+    __slots__ = ("q", "scales", "packed", "packed_scales", "_kernel")
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor) -> None:
         from quickdraft.models import kernels
@@ -115,24 +122,23 @@ class W8A8Linear:
         if ops is None:
             raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
         self.q, self.scales = q.contiguous(), scales.float().contiguous()
-        self.packed = ops.pack_int8(self.q)  # (ceil(out/16), ceil(in/4), 16, 4)
-        pad = self.packed.shape[0] * 16 - self.q.shape[0]
-        self.colsum = F.pad(self.q.sum(dim=1, dtype=torch.int32), (0, pad))  # the padded rows: zeros
-        self.scales_padded = F.pad(self.scales, (0, pad))
+        self.packed = ops.pack_int8(self.q)  # (ceil(out/16), blocks * 8, 16, 4) uint8: q + 128
+        self.packed_scales = ops.pack_blocks(self.scales)
+        self._kernel = ops.linear_w8a8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype."""
-        from quickdraft.models import kernels
-
-        flat = x.reshape(-1, x.shape[-1])
-        y = kernels.fused_ops().linear_w8a8(flat, self.packed, self.colsum, self.scales_padded, self.out_features)
-        return y.view(*x.shape[:-1], self.out_features)
+        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
+        if x.dim() == 2:
+            return self._kernel(x, self.packed, self.packed_scales, self.q.shape[0])
+        y = self._kernel(x.reshape(-1, x.shape[-1]), self.packed, self.packed_scales, self.q.shape[0])
+        return y.view(*x.shape[:-1], self.q.shape[0])
 
     def rows(self, ids: torch.Tensor) -> W8A8Linear:
         return W8A8Linear(self.q[ids], self.scales[ids])
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scales[:, None]
+        out, k = self.q.shape
+        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, :k]
 
     @property
     def out_features(self) -> int:
@@ -140,7 +146,18 @@ class W8A8Linear:
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + 8 * self.scales.numel()
+        return self.q.numel() + 4 * self.scales.numel()
+
+
+def w8a8_linear(weight: torch.Tensor) -> W8A8Linear:
+    """Symmetric int8 of a float32 (out, in) weight in blocks of 32 inputs (absmax / 127 per block)."""
+    w = weight.detach().float()
+    out, k = w.shape
+    blocks = -(-k // W8A8_BLOCK)
+    padded = F.pad(w, (0, blocks * W8A8_BLOCK - k)).view(out, blocks, W8A8_BLOCK)
+    scales = (padded.abs().amax(dim=-1) / 127).clamp_min(1e-12)
+    q = torch.round(padded / scales[..., None]).clamp(-127, 127).to(torch.int8).view(out, -1)[:, :k]
+    return W8A8Linear(q, scales)
 
 
 class Int4Linear:
@@ -219,8 +236,7 @@ def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
     if spec.mode == "int8":
         return int8_linear(weight)
     if spec.mode == "w8a8":
-        base = int8_linear(weight)
-        return W8A8Linear(base.q, base.scales)
+        return w8a8_linear(weight)
     if spec.mode == "int4":
         return int4_linear(weight, spec.group)
     raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")
