@@ -154,3 +154,48 @@ def test_w8a8_target_speculation_equals_its_plain_decoding():
         assert b.token_ids == a.token_ids
         drafted += b.stats.num_draft_tokens
     assert drafted > 0
+
+
+@needs_ops
+def test_the_fused_bf16_forward_is_batch_invariant(monkeypatch):
+    """A row verified among others gives the same bits as the same row decoded alone (the kernels and
+    the packed linear sum in a fixed order per row), so greedy speculation equals plain decoding
+    exactly in bf16 too. (float32 linears are torch's GEMMs, which are not.)"""
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
+    target = tiny_llama(dtype=torch.bfloat16, layers=3, hidden=64)
+    owner = NativeCachedModel(target.model)
+    prompt, rows = [5, 9, 13, 2, 40, 41, 7, 3], [11, 12, 13, 14, 15, 16, 17]
+    owner.prefill(prompt)
+    together = owner.extend(rows)
+    owner.rollback(len(prompt))
+    alone = torch.cat([owner.extend([t]) for t in rows])
+    assert torch.equal(together, alone)
+    owner.rollback(len(prompt))  # a tree: two branches, each row seeing only its ancestors
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    tree = owner.extend([11, 12, 20], positions=[8, 9, 9], tree_mask=mask)
+    owner.rollback(len(prompt))
+    branch = owner.extend([11, 20])
+    assert torch.equal(tree[0], together[0]) and torch.equal(tree[1], together[1]) and torch.equal(tree[2], branch[1])
+
+
+@needs_ops
+def test_greedy_speculation_equals_plain_decoding_exactly_in_bf16(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
+    from quickdraft import Engine
+    from quickdraft.config import SamplingConfig, StopConfig
+    from quickdraft.options import options_from
+
+    target = tiny_llama(dtype=torch.bfloat16, layers=3, hidden=64)
+    ar = Engine(target, options_from({"method": "ar", "dtype": "bfloat16"}))
+    engines = [
+        Engine(target, options_from({"drafter": "ngram", "draft_length": 4, "dtype": "bfloat16"})),
+        Engine(target, options_from({"drafter": "truncated:1", "draft_tree": 8, "tree_width": 2, "dtype": "bfloat16"})),
+    ]
+    for sd in engines:
+        drafted = 0
+        for prompt in ([5, 6, 7, 5, 6, 7], [9, 9, 9, 9, 1], [1, 2, 3, 1, 2, 3, 1]):
+            a = ar.generate_ids(prompt, SamplingConfig(), StopConfig(32))
+            b = sd.generate_ids(prompt, SamplingConfig(), StopConfig(32))
+            assert b.token_ids == a.token_ids
+            drafted += b.stats.num_draft_tokens
+        assert drafted > 0

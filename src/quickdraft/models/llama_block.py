@@ -102,10 +102,14 @@ def grow(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return grown
 
 
-# Up to this many rows attend through the fused kernel, more through torch's flash SDPA (its GEMMs pay):
-# measured on an AMD EPYC (AVX-512-BF16, 2 threads; scripts/step_profile.py): the 17-row forward cost
-# 2.22 one-row steps with the kernel at every width, 1.61 with SDPA above 4 rows, 1.78 above 1.
-ATTEND_ROWS = 4
+# Up to this many rows attend through the fused kernel, more (a prompt's prefill) through torch's flash
+# SDPA, whose GEMMs pay there. Every verify width stays on the kernel: its sums run in key order, one
+# key at a time, so a row's attention is the same bits whatever the width, and with the per-row norm,
+# RoPE and SwiGLU kernels and the packed linear (a fixed k order per row) the whole forward is batch-
+# invariant: greedy speculation equals plain decoding exactly in bf16 too. Measured on an AMD EPYC
+# (AVX-512-BF16, 2 threads; scripts/step_profile.py): the kernel beat SDPA at 5 rows (12.3 against 13.5
+# ms), tied at 9 and lost at 17 (26.7 against 23.6 ms).
+ATTEND_ROWS = 64
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -240,7 +244,7 @@ class Block:
             self.heads, self.kv_heads,
         )  # fmt: skip
         n = x.shape[0]
-        if n <= ATTEND_ROWS:  # a few rows: one fused call; more: torch's flash kernel (GEMMs) pays
+        if n <= ATTEND_ROWS:  # verify widths: one fused call, batch-invariant; a long prefill: flash SDPA
             out = ops.attend(q, cache.k[layer], cache.v[layer], at + n, mask)  # (T, heads * d)
         else:
             keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]

@@ -168,15 +168,16 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
         }
         acc_t best = -std::numeric_limits<acc_t>::infinity();
         for (int64_t j = 0; j < length; ++j) best = keep[j] != 0 ? std::max(best, p[j]) : best;
+        for (int64_t j = 0; j < length; ++j) p[j] = fast_exp(p[j] - best) * keep[j];  // masked keys: exactly 0
+        // Sums in key order, one key at a time (the vectorized loop runs over the head dimension): a row's
+        // result does not depend on how many keys or other rows the call holds (masked keys add zeros),
+        // so a row verified among others equals the same row decoded alone, bit for bit.
         acc_t total = 0;
-        for (int64_t j = 0; j < length; ++j) {  // masked keys weigh exactly 0
-          p[j] = fast_exp(p[j] - best) * keep[j];
-          total += p[j];
-        }
         std::fill(acc.begin(), acc.end(), acc_t(0));
         for (int64_t j = 0; j < length; ++j) {
           const scalar_t* vr = vb + j * d;
           const acc_t e = p[j];
+          total += e;
           for (int64_t i = 0; i < d; ++i) acc[i] += e * static_cast<acc_t>(vr[i]);
         }
         scalar_t* o = O + t * heads * d + h * d;
