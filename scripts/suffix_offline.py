@@ -5,7 +5,7 @@ deterministic drafter's tokens per forward follow from a bench run's `ar` rows w
 model (as `../shared/tools/suffix_sim.py` does for a reference trie). This drives the real
 `SuffixDrafter` and also times its drafting per round.
 
-    python scripts/suffix_offline.py docs/bench/quick-reuse-csd-specdec/results.jsonl --budgets 4,8,16
+    python scripts/suffix_offline.py docs/bench/quick-reuse-csd-specdec/results.jsonl.xz --budgets 4,8,16
     python scripts/suffix_offline.py RESULTS.jsonl --spec "suffix;match=16"   # any suffix spec
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import time
 
 import numpy as np
@@ -22,7 +23,7 @@ from quickdraft.models.loading import load_model
 
 
 def plain_rows(path: str) -> list[dict]:
-    rows = [json.loads(line) for line in open(path)]
+    rows = [json.loads(line) for line in (lzma.open(path, "rt") if str(path).endswith(".xz") else open(path))]
     seen: dict = {}
     for r in rows:
         if r["method"] == "ar" and r.get("run", 0) == 0:

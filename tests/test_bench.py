@@ -214,3 +214,16 @@ def test_bench_measures_batched_throughput(tiny_model_dir, prompt_file, tmp_path
     for b in batched.values():
         assert b["matches_one_at_a_time"] == 1.0 and b["tokens_per_s"] > 0 and b["max_batch"] == 2
     assert "continuous batch" in (out / "report.md").read_text()
+
+
+def test_compare_reads_rows_stored_compressed(tmp_path):
+    import lzma
+
+    from quickdraft.bench.compare import load_rows
+
+    rows = [{"method": "ar", "question_id": "1", "run": 0, "token_ids": [1, 2]}]
+    (tmp_path / "results.jsonl.xz").write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    (tmp_path / "results.json").write_text("{}")
+    assert load_rows(tmp_path) == (rows, {})
+    with pytest.raises(QuickdraftError, match="holds no benchmark results"):
+        load_rows(tmp_path / "missing")

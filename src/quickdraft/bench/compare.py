@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.bench.outputs import read_rows
 from quickdraft.errors import QuickdraftError
 
 # Largest top-2 margin still called a near-tie, relative to max(1, |top-1 logit|).
@@ -32,10 +33,9 @@ class Mismatch:
 
 
 def load_rows(out: Path) -> tuple[list[dict], dict]:
-    rows_path, summary_path = out / "results.jsonl", out / "results.json"
-    if not rows_path.is_file() or not summary_path.is_file():
-        raise QuickdraftError(f"{out} holds no benchmark results (results.jsonl + results.json)")
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    rows, summary_path = read_rows(out), out / "results.json"
+    if rows is None or not summary_path.is_file():
+        raise QuickdraftError(f"{out} holds no benchmark results (results.jsonl or .jsonl.xz, and results.json)")
     return rows, json.loads(summary_path.read_text())
 
 

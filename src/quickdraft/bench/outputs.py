@@ -1,9 +1,13 @@
 """What one bench method run on one prompt produced: the record every method (ours and the peers)
-returns, written as a row of results.jsonl."""
+returns, written as a row of results.jsonl; and reading those rows back (`read_rows`: the file as
+written, or xz-compressed as stored under docs/bench)."""
 
 from __future__ import annotations
 
+import json
+import lzma
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -21,3 +25,15 @@ class RunOutput:
     accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
     extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
     draft_cost_units: float | None = None  # drafting in target forwards (bench/cost.py); None: not counted
+
+
+def read_rows(folder: Path) -> list[dict] | None:
+    """The rows of a bench run's folder: results.jsonl, else results.jsonl.xz; None when neither exists."""
+    plain, packed = folder / "results.jsonl", folder / "results.jsonl.xz"
+    if plain.is_file():
+        text = plain.read_text()
+    elif packed.is_file():
+        text = lzma.decompress(packed.read_bytes()).decode()
+    else:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -17,6 +17,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from quickdraft.bench.outputs import read_rows
 from quickdraft.errors import QuickdraftError
 
 CODE = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
@@ -51,7 +52,9 @@ def rouge_l(candidate: str, reference: str) -> float:
 
 def quality(out: Path, decode) -> dict:
     """{method: {exact_match, humaneval_pass_at_1?, rouge_l_vs_ar?, n}} over run 0 of every method."""
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_rows(out)
+    if rows is None:
+        raise QuickdraftError(f"{out} holds no benchmark rows (results.jsonl or results.jsonl.xz)")
     summary = json.loads((out / "results.json").read_text())
     first = [r for r in rows if r["run"] == 0]
     ar = {r["question_id"]: r for r in first if r["method"] == "ar"}
