@@ -110,6 +110,12 @@ def _format_stats(stats: dict) -> str:
         )
     if extra.get("tree_auto_fallback_chain"):
         lines.append("draft tree              none: a chain (trees need the native runtime and a lossless verifier)")
+    if extra.get("guard_plain_rounds"):
+        rounds = stats["num_target_forwards"] - 1
+        lines.append(
+            f"guard                   {extra['guard_plain_rounds']} of {rounds} rounds plain "
+            f"({extra.get('guard_pauses', 0)} pauses: drafting lost on this host's costs)"
+        )
     if extra.get("tree_auto_no_speculation"):
         lines.append("speculation             off: no draft budget beats plain decoding on this host")
     if stats["lossy"]:

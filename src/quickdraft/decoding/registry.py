@@ -15,6 +15,7 @@ from typing import Protocol
 from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
+from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
@@ -85,7 +86,7 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     if not parts.target.supports_trees or parts.config.verifier not in (None, "greedy", "speculative"):
         return 0, {"tree_auto_fallback_chain": 1}
     if "tree_budget" not in parts.memo:
-        from quickdraft.models.cost_curve import best_budget, cost_curve, tree_draft_forwards
+        from quickdraft.models.cost_curve import best_budget, cost_curve, relative_cost, tree_draft_forwards
         from quickdraft.models.delta import SHIPPED_FOR
 
         name = parts.target_name or ""
@@ -98,6 +99,12 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
             ratio = draft_step / step_seconds(parts.target)
             draft_cost = lambda budget: ratio * tree_draft_forwards(budget, auto_width(parts, budget))  # noqa: E731
         parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost)
+        parts.memo["round_cost"] = lambda rows, nodes: (
+            relative_cost(curve, rows)
+            + (  # noqa: E731
+                draft_cost(nodes) if draft_cost is not None and nodes else 0.0
+            )
+        )
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
 
@@ -122,7 +129,10 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
 
         width = draft.tree_width if draft.tree is not None else auto_width(parts, budget)
         shape = TreeShape(budget, width, draft.tree_widths)
-        return TreeDecoder(parts.target, parts.drafter, shape, events)
+        decoder = TreeDecoder(parts.target, parts.drafter, shape, events)
+        if draft.tree is None and "round_cost" in parts.memo:  # auto: never slower than plain decoding
+            decoder.guard = DraftGuard(parts.memo["round_cost"])
+        return decoder
     verifier = make_verifier(parts.config.verifier, sampling)
     return SpeculativeDecoder(
         parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events

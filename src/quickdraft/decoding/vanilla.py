@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import DraftPolicy
 from quickdraft.decoding.common import Generators, StateHandoff, prefill_step
+from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
@@ -67,6 +68,7 @@ class SpeculativeDecoder:
         self.events = dict(events or {})
         self.lossy = verifier.lossy
         self.handoff = StateHandoff.of(drafter, target)
+        self.guard: DraftGuard | None = None  # drops to plain rounds while drafting loses (auto trees)
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
@@ -79,10 +81,13 @@ class SpeculativeDecoder:
         yield first
         context = list(prompt_ids) + first.tokens
         produced = 1
+        if self.guard is not None:
+            self.guard.reset()
         while True:
             room = max_new_tokens - produced - 1  # leave room for the correction/bonus token
             start = time.perf_counter()
-            draft = self._draft(context, room, policy, sampling, generators)
+            plain = self.guard is not None and not self.guard.drafts()
+            draft = TokenTree() if plain else self._draft(context, room, policy, sampling, generators)
             mid = time.perf_counter()
             out = self._forward(context[-1], draft)  # one target forward over [last committed, draft]
             path, next_token = self._verify(draft, out, sampling, generators)
@@ -90,9 +95,14 @@ class SpeculativeDecoder:
             new_tokens = [draft.tokens[i] for i in path] + [next_token]
             context += new_tokens
             produced += len(new_tokens)
-            if policy is not None:
+            if policy is not None and not plain:
                 policy.update(len(draft), len(path))
-            yield self._round(draft, path, new_tokens, mid - start, time.perf_counter() - mid)
+            rnd = self._round(draft, path, new_tokens, mid - start, time.perf_counter() - mid)
+            if plain:
+                rnd.events["guard_plain_rounds"] = 1
+            elif self.guard is not None and len(draft) and self.guard.update(len(draft), len(new_tokens)):
+                rnd.events["guard_pauses"] = 1
+            yield rnd
 
     def _draft(
         self, context: list[int], room: int, policy: DraftPolicy | None, sampling: SamplingConfig, gens: Generators

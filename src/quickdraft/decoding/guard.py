@@ -1,0 +1,62 @@
+"""Never slower than plain decoding: drop to plain rounds while drafting measurably loses, probe later.
+
+A drafted round commits `accepted + 1` tokens at the cost of one forward over its rows (the host's
+measured verify-cost curve, a one-row step = 1) plus drafting (a model drafter's forwards, in target
+steps). Plain decoding commits 1 token per step. The guard keeps the last `window` drafted rounds'
+tokens and costs; when their rate falls below 1 token per step, the next `pause` rounds draft nothing
+(plain one-row rounds, no drafter call), then drafting resumes with a fresh window (a probe). Every
+decision reads counts and the curve, never a clock, so a seeded generation repeats exactly.
+
+The statistics count `guard_plain_rounds` (rounds the guard kept plain) and `guard_pauses`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DraftGuard:
+    """Whether the next round drafts, from what drafting earned in the last rounds.
+
+    Args:
+        cost: (rows of the verify forward, nodes drafted) -> the round's cost in one-row target steps.
+        window: drafted rounds judged together (the decision waits until the window is full).
+        pause: plain rounds after drafting is judged to lose, before the next probe.
+    """
+
+    cost: Callable[[int, int], float]
+    window: int = 8
+    pause: int = 16
+    _recent: deque = field(default_factory=deque)
+    _plain_left: int = 0
+
+    def reset(self) -> None:
+        """A new generation: drafting starts on, with an empty window."""
+        self._recent.clear()
+        self._plain_left = 0
+
+    def drafts(self) -> bool:
+        """Whether this round drafts (False: a plain round, counted down here)."""
+        if self._plain_left > 0:
+            self._plain_left -= 1
+            return False
+        return True
+
+    def update(self, drafted: int, committed: int) -> bool:
+        """Record a drafted round (`drafted` nodes verified in one forward, `committed` tokens kept);
+        returns True when this round's verdict pauses drafting."""
+        self._recent.append((committed, self.cost(drafted + 1, drafted)))
+        if len(self._recent) > self.window:
+            self._recent.popleft()
+        if len(self._recent) < self.window:
+            return False
+        tokens = sum(t for t, _ in self._recent)
+        steps = sum(c for _, c in self._recent)
+        if tokens >= steps:  # at least plain decoding's 1 token per step
+            return False
+        self._recent.clear()
+        self._plain_left = self.pause
+        return True

@@ -1,0 +1,48 @@
+"""The draft guard (decoding/guard.py): drafting pauses while its measured rate is below plain
+decoding's 1 token per step and resumes with a probe; outputs stay those of plain decoding."""
+
+import torch
+
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.decoding import Autoregressive, Generators, collect
+from quickdraft.decoding.guard import DraftGuard
+from quickdraft.decoding.tree import TreeDecoder
+from quickdraft.drafters import PromptLookupDrafter
+from quickdraft.drafters.tree import TreeShape
+from quickdraft.models.native_cache import NativeCachedModel
+
+from conftest import tiny_llama
+
+
+def test_a_losing_window_pauses_drafting_then_probes_again():
+    guard = DraftGuard(lambda rows, nodes: 2.0, window=3, pause=2)
+    assert [guard.update(4, 1) for _ in range(3)] == [False, False, True]  # 3 tokens for 6 steps: pause
+    assert [guard.drafts() for _ in range(3)] == [False, False, True]  # two plain rounds, then a probe
+    guard.reset()
+    assert guard.drafts()
+
+
+def test_a_paying_window_keeps_drafting():
+    guard = DraftGuard(lambda rows, nodes: 1.0 + 0.1 * nodes, window=2, pause=5)
+    assert not any(guard.update(3, 2) for _ in range(10))  # 2 tokens for 1.3 steps
+    assert guard.drafts()
+
+
+def _run(decoder, prompt, n=40):
+    return collect(decoder.rounds(prompt, SamplingConfig(), n, Generators.from_seed(0)), StopConfig(n))
+
+
+def test_the_guard_keeps_plain_decodings_output_and_says_how_many_rounds_were_plain():
+    target = tiny_llama(dtype=torch.float64)
+    plain = Autoregressive(NativeCachedModel(target.model))
+    losing = TreeDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
+    losing.guard = DraftGuard(lambda rows, nodes: 50.0, window=2, pause=4)  # drafting never pays
+    paying = TreeDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
+    paying.guard = DraftGuard(lambda rows, nodes: 1.0, window=2, pause=4)  # a free forward always pays
+    prompt = [5, 9, 13, 5, 9, 13, 5, 9]
+    want = _run(plain, prompt).token_ids
+    lost, paid = _run(losing, prompt), _run(paying, prompt)
+    assert lost.token_ids == want == paid.token_ids
+    assert lost.stats.extra.get("guard_pauses", 0) >= 1 and lost.stats.extra["guard_plain_rounds"] >= 4
+    assert lost.stats.num_draft_tokens > 0  # it drafted (and probed) before and between the pauses
+    assert "guard_plain_rounds" not in paid.stats.extra and paid.stats.num_draft_tokens > 0
