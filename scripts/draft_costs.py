@@ -29,16 +29,30 @@ def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters()) if module is not None else 0
 
 
+def read_bytes(model) -> int:
+    """Bytes a step of an HF causal LM reads: its parameters, less an untied embedding table (a lookup;
+    a tied one is the LM head, read every step, and counted once)."""
+    embed = model.get_input_embeddings().weight
+    tied = embed.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    return weight_bytes(model) - (0 if tied else embed.numel() * embed.element_size())
+
+
 def draft_bytes(drafter, loaded) -> int | None:
-    """Bytes one draft step reads: a draft model's parameters less its embedding table (a lookup); a
-    module drafter's parameters plus the LM head rows it multiplies (HeadLM) and, for Kangaroo, the
-    target's first l layers it runs."""
+    """Bytes one draft step reads: a draft model's (`read_bytes`; a restricted head counted whole, an
+    upper bound); a module drafter's parameters plus the LM head rows it multiplies (HeadLM) and, for
+    Kangaroo, the target's first l layers it runs; a quantized self-draft: its kernel-form linears and
+    norms."""
+    if drafter.name.startswith("quant"):  # the target's own weights in kernel form, plus its norms
+        from quickdraft.models.quantized import quantize_model
+
+        mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "int4"
+        quantized = quantize_model(loaded, mode.split("@")[0])
+        norms = sum(weight_bytes(layer.input_layernorm) + weight_bytes(layer.post_attention_layernorm)
+                    for layer in loaded.model.model.layers)  # fmt: skip
+        return quantized.nbytes + norms
     model = getattr(getattr(drafter, "model", None), "model", None)  # ModelDrafter -> cache owner -> HF model
     if model is not None:
-        return (
-            weight_bytes(model)
-            - model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
-        )
+        return read_bytes(model)
     module = getattr(drafter, "head", None) or getattr(drafter, "adapter", None)
     lm = getattr(drafter, "lm", None)
     if module is None or lm is None:
@@ -57,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model(None, "bfloat16")
     target = load_target(loaded).target
-    target_bytes = weight_bytes(loaded.model) - loaded.model.model.embed_tokens.weight.numel() * 2
+    target_bytes = read_bytes(loaded.model)
     target_step = statistics.median(step_seconds(target, context=200) for _ in range(3))
     rows = []
     for spec in args.drafters.split(","):
