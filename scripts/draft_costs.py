@@ -18,9 +18,10 @@ import statistics
 import torch
 
 from quickdraft.drafters import make_drafter
+from quickdraft.models.host import cpu_model
 from quickdraft.models.loading import load_model
 from quickdraft.models.target import load_target
-from quickdraft.models.timing import cpu_model, step_seconds
+from quickdraft.models.timing import step_seconds
 
 DEFAULT = "distilled,truncated:6,kangaroo,head,specdec,quant:int4,quant:gguf"
 

@@ -14,25 +14,14 @@ import json
 
 import torch
 
+from quickdraft.bench.runner import machine_info
+from quickdraft.models import kernels
+from quickdraft.models.host import median_seconds
+from quickdraft.models.linear import packing
 from quickdraft.models.loading import load_model
 from quickdraft.models.target import load_target
-from quickdraft.models.timing import cpu_fields, cpu_model
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)
-
-
-def median_seconds(fn, repeats: int, warmup: int) -> float:
-    import statistics
-    import time
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -60,9 +49,12 @@ def main() -> None:
 
     curve = {k: step_ms(k) for k in ROWS}
     one = curve[1]
-    flags = set(cpu_fields().get("flags", "").split())
-    host = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"})
-    print(f"{cpu_model()} {host} threads={args.threads} quantize={args.quantize} context={args.context}")
+    host, ops = machine_info(), kernels.fused_ops()
+    paths = (
+        "fused kernels off" if ops is None else f"vdpbf16ps {ops.has_avx512_bf16()}, vpdpbusd {ops.has_avx512_vnni()}"
+    )
+    print(f"{host['cpu']} {host['cpu_flags']} threads={args.threads} quantize={args.quantize} context={args.context}")
+    print(f"packed linear: {packing()}; fused kernels: {paths}")
     print(f"one-row step: {one:.2f} ms")
     print("rows: " + "  ".join(f"{k}: {v / one:.2f}" for k, v in curve.items()))
     if not args.no_profile:

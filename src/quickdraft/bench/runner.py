@@ -20,8 +20,8 @@ from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.host import cpu_fields, cpu_model
 from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.models.timing import cpu_fields, cpu_model
 from quickdraft.prompts import PromptCodec
 
 QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories

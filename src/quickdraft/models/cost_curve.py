@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from quickdraft.models.timing import cpu_model
+from quickdraft.models.host import cpu_model
 
 WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
 _MEMO: dict[str, dict[int, float]] = {}

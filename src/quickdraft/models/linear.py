@@ -18,13 +18,12 @@ or a dtype other than bf16, uses `F.linear` on the live weight.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from quickdraft.models import kernels
+from quickdraft.models.host import median_seconds
 from quickdraft.models.quant import concat_rows  # the quantized kinds know their own layout
 
 _CHOICE: dict[tuple, str | None] = {}
@@ -52,22 +51,8 @@ def _pack(weight: torch.Tensor, kind: str = "onednn") -> torch.Tensor:
 def _packed_call(x: torch.Tensor, packed: torch.Tensor, kind: str = "onednn", out: int = 0) -> torch.Tensor:
     """x (..., in) through a packed weight of `out` outputs -> (..., out)."""
     if kind == "fused":
-        if x.dim() == 2:
-            return kernels.fused_ops().linear_packed(x, packed, out)
-        y = kernels.fused_ops().linear_packed(x.reshape(-1, x.shape[-1]), packed, out)
-        return y.view(*x.shape[:-1], out)
+        return kernels.on_rows(kernels.fused_ops().linear_packed, x, out, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-def _median_s(fn, repeats: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def packing(shape: tuple[int, int] = (1536, 576)) -> str | None:
@@ -90,11 +75,11 @@ def packing(shape: tuple[int, int] = (1536, 576)) -> str | None:
                 with torch.inference_mode():
                     w = torch.randn(shape, dtype=torch.bfloat16)
                     xs = [torch.randn(rows, shape[1], dtype=torch.bfloat16) for rows in (1, 9)]
-                    plain = [_median_s(lambda x=x: F.linear(x, w)) for x in xs]
+                    plain = [median_seconds(lambda x=x: F.linear(x, w)) for x in xs]
                     best = None
                     for kind in candidates:
                         packed = _pack(w, kind)
-                        t = [_median_s(lambda x=x, p=packed, k=kind: _packed_call(x, p, k, shape[0])) for x in xs]
+                        t = [median_seconds(lambda x=x, p=packed, k=kind: _packed_call(x, p, k, shape[0])) for x in xs]
                         if all(a < 0.9 * b for a, b in zip(t, plain, strict=True)) and (best is None or sum(t) < best):
                             choice, best = kind, sum(t)
             except (AttributeError, RuntimeError):

@@ -117,6 +117,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
+def add_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, RMSNorm of it) over (T, H) rows: one fused kernel call where the kernels run
+    (bf16 or float32 CPU inference; row by row, so batch-invariant), torch's ops otherwise and always
+    in float64 (Hugging Face's norm runs in float32, and torch's reduction keeps logits equal to its
+    to 1e-10)."""
+    if x.dim() == 2 and x.dtype != torch.float64 and kernels.usable(x):
+        s, normed = kernels.fused_ops().add_rms_norm(x.contiguous(), residual, weight, eps)
+        return (x if residual is None else s), normed
+    s = x if residual is None else x + residual
+    return s, rms_norm(s, weight, eps)
+
+
 def rope_tables(
     inv_freq: torch.Tensor, positions: torch.Tensor, dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,21 +235,12 @@ class Block:
         """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference."""
         return x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
 
-    def _norm(self, ops, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None):
-        """(x + residual, RMSNorm of it): one fused call, except in float64, where Hugging Face's norm
-        runs in float32 and torch's reduction is kept so logits stay equal to its to 1e-10."""
-        if x.dtype == torch.float64:
-            s = x if residual is None else x + residual
-            return s, rms_norm(s, weight, self.eps)
-        s, normed = ops.add_rms_norm(x, residual, weight, self.eps)
-        return (x if residual is None else s), normed
-
     def _fused_forward(self, ops, x, cos, sin, cache: KVCache, layer: int, at: int, mask) -> torch.Tensor:
         """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norm
         (with the residual add), RoPE with the cache write, attention and SwiGLU are one call each; the
         linears are the block's own. Same arithmetic as the torch path, rounding aside."""
         x = x.contiguous()
-        _, h = self._norm(ops, x, self.attn_norm)
+        _, h = add_norm(x, self.attn_norm, self.eps)
         y = self.qkv[0](h) if len(self.qkv) == 1 else torch.cat([f(h) for f in self.qkv], dim=-1)
         if cos.dtype != y.dtype:
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
@@ -251,7 +256,7 @@ class Block:
             q = q.transpose(0, 1)[None]  # (1, heads, T, d)
             out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
             out = out[0].transpose(0, 1).flatten(1)
-        x, h = self._norm(ops, x, self.mlp_norm, self.wo(out))
+        x, h = add_norm(x, self.mlp_norm, self.eps, self.wo(out))
         if len(self.gate_up) == 1 and self.gate_up_sizes[0] == self.gate_up_sizes[1]:
             m = ops.silu_mul(self.gate_up[0](h).contiguous())
         else:

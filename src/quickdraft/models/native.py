@@ -18,10 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from quickdraft.models import kernels
 from quickdraft.models.batch_cache import BatchKVCache
 from quickdraft.models.linear import Linear, fuse_rows, packs
-from quickdraft.models.llama_block import Block, KVCache, rms_norm, rope_tables
+from quickdraft.models.llama_block import Block, KVCache, add_norm, rope_tables
 
 
 def unsupported_reason(model) -> str | None:
@@ -103,11 +102,9 @@ class NativeLlama:
         )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """HF's LlamaRMSNorm with this model's epsilon (`llama_block.rms_norm`); (T, H) bf16/float32 rows
-        through the fused kernel (the same arithmetic, row by row: batch-invariant)."""
-        if x.dim() == 2 and x.dtype != torch.float64 and kernels.usable(x):
-            return kernels.fused_ops().add_rms_norm(x.contiguous(), None, weight, self.eps)[1]
-        return rms_norm(x, weight, self.eps)
+        """HF's LlamaRMSNorm with this model's epsilon (`llama_block.add_norm`: the fused kernel where it
+        runs)."""
+        return add_norm(x, weight, self.eps)[1]
 
     def forward(
         self,

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models import kernels
 
 MODES = ("none", "int8", "w8a8", "int4", "gguf")
 INT4_GROUPS = (32, 64)
@@ -116,8 +117,6 @@ class W8A8Linear:
     __slots__ = ("q", "scales", "packed", "packed_scales", "_kernel")
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor) -> None:
-        from quickdraft.models import kernels
-
         ops = kernels.fused_ops()
         if ops is None:
             raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
@@ -128,17 +127,13 @@ class W8A8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        if x.dim() == 2:
-            return self._kernel(x, self.packed, self.packed_scales, self.q.shape[0])
-        y = self._kernel(x.reshape(-1, x.shape[-1]), self.packed, self.packed_scales, self.q.shape[0])
-        return y.view(*x.shape[:-1], self.q.shape[0])
+        return kernels.on_rows(self._kernel, x, self.q.shape[0], self.packed, self.packed_scales)
 
     def rows(self, ids: torch.Tensor) -> W8A8Linear:
         return W8A8Linear(self.q[ids], self.scales[ids])
 
     def dequantized(self) -> torch.Tensor:
-        out, k = self.q.shape
-        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, :k]
+        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.q.shape[1]]
 
     @property
     def out_features(self) -> int:

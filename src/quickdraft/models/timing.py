@@ -2,31 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-import platform
 import time
-from pathlib import Path
 
 from quickdraft.models.target import Target
-
-
-@functools.cache
-def cpu_fields() -> dict[str, str]:
-    """The first CPU's /proc/cpuinfo fields (model name, flags, ...), read once; {} where there is none."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
-def cpu_model() -> str:
-    return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 def step_seconds(model: Target, context: int = 64, repeats: int = 5) -> float:

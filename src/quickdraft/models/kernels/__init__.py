@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.models.default import cache_dir
+from quickdraft.models.host import cpu_fields
 
 SOURCE = Path(__file__).with_name("fused.cpp")
 NAME = "quickdraft_fused"
@@ -31,14 +32,7 @@ FLAGS += ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-s
 
 
 def _host_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return " ".join(sorted(line.partition(":")[2].split()))
-    return ""
+    return " ".join(sorted(cpu_fields().get("flags", "").split()))
 
 
 def build_dir() -> Path:
@@ -94,3 +88,10 @@ def usable(x: torch.Tensor) -> bool:
     if torch.is_grad_enabled() and x.requires_grad:
         return False
     return fused_ops() is not None
+
+
+def on_rows(fn, x: torch.Tensor, out: int, *args) -> torch.Tensor:
+    """A kernel taking (n, in) rows (`fn(rows, *args, out)`) over x (..., in) -> (..., out)."""
+    if x.dim() == 2:
+        return fn(x, *args, out)
+    return fn(x.reshape(-1, x.shape[-1]), *args, out).view(*x.shape[:-1], out)
