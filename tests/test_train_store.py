@@ -21,7 +21,15 @@ from quickdraft.cli import main
 from quickdraft.distill import train_run
 from quickdraft.distill.decode_eval import GAIN_BUDGETS
 from quickdraft.distill.feature_store import FEATURES, Batch, FeatureStore
-from quickdraft.distill.train_heads import HeadTrainingConfig, head_steps, new_module, target_states, unrolled_mask
+from quickdraft.distill.train_heads import (
+    HeadTrainingConfig,
+    head_steps,
+    lr_at,
+    new_module,
+    target_states,
+    target_states_many,
+    unrolled_mask,
+)
 from quickdraft.distill.train_log import read_evals
 from quickdraft.drafters.feature_head import FeatureHeadDrafter
 from quickdraft.drafters.reuse import HeadLM
@@ -56,6 +64,34 @@ def test_store_returns_what_the_target_computed_once(tmp_path):
         assert batch.ids[b, :n].tolist() == ids and batch.lengths[b] == n and batch.prompt_lens[b] == prompt_len
         assert torch.equal(batch.feats[b, :n], want[FEATURES]) and torch.equal(batch.shallow[b, :n], want[1])
         assert not batch.feats[b, n:].any()  # padding
+
+
+def test_batched_fill_equals_the_inference_forward_window_by_window(tmp_path):
+    """What a GPU fills the store with (Hugging Face's forward over right-padded chunks of windows)
+    is the native inference forward's states, window by window (float64: to rounding)."""
+    loaded = tiny_llama(vocab=16, layers=2, seed=1, dtype=torch.float64)
+    net = NativeLlama(loaded.model)
+    got = target_states_many(loaded.model, [w for w, _ in WINDOWS], 1)
+    for (ids, _), states in zip(WINDOWS, got, strict=True):
+        want = target_states(net, ids, 1)
+        n = len(ids)
+        assert torch.allclose(states[FEATURES][:n], want[FEATURES], atol=1e-10)
+        assert torch.allclose(states[1][:n], want[1], atol=1e-10)
+    store, chunks = _store(tmp_path, net), []
+
+    def many(windows):
+        chunks.append(len(windows))
+        return target_states_many(loaded.model, windows, 1)
+
+    assert store.fill([2, 0, 1], lambda ids: pytest.fail("the batched path computes"), many, chunk=2) == 3
+    assert chunks == [2, 1] and store.coverage == 1.0
+
+
+def test_a_time_budget_spans_the_schedule():
+    cfg = HeadTrainingConfig(steps=10**9, warmup=2, lr=1.0, minutes=1.0)
+    assert lr_at(0, cfg, 0.0) == 0.5  # warm-up by steps
+    assert lr_at(5, cfg, 0.0) == pytest.approx(1.0) and lr_at(5, cfg, 1.0) == pytest.approx(0.1)
+    assert lr_at(5, cfg, 0.5) == pytest.approx(0.55)
 
 
 def test_store_keeps_only_flushed_windows_and_refuses_other_data(tmp_path):

@@ -47,6 +47,8 @@ class Batch:
 
 # (ids of one window) -> {FEATURES: (T, H), layer l: (T, H)} in bfloat16
 ComputeStates = Callable[[list[int]], dict]
+# (ids of several windows) -> one such dict per window (a GPU computes a chunk of windows at once)
+ComputeMany = Callable[[list[list[int]]], list[dict]]
 
 
 def windows_digest(windows: Sequence[tuple[list[int], int]]) -> str:
@@ -122,17 +124,21 @@ class FeatureStore:
         start, length, prompt_len = (int(v) for v in self.rows[index])
         return self.ids[start : start + length].tolist(), prompt_len
 
-    def fill(self, indices: Sequence[int], compute: ComputeStates) -> int:
-        """Compute and write the windows among `indices` not yet built; returns how many."""
+    def fill(self, indices: Sequence[int], compute: ComputeStates, many: ComputeMany | None = None, chunk: int = 32) -> int:
+        """Compute and write the windows among `indices` not yet built, one at a time with `compute`
+        or `chunk` at a time with `many`; returns how many."""
         todo = [int(i) for i in dict.fromkeys(indices) if not self.built[int(i)]]
-        for i in todo:
-            ids, _ = self.window(i)
-            states = compute(ids)
-            start, length = int(self.rows[i, 0]), int(self.rows[i, 1])
-            for name, array in self.arrays.items():
-                key = FEATURES if name == FEATURES else self.layer
-                array[start : start + length] = states[key].to(torch.bfloat16).view(torch.int16).cpu().numpy()
-            self.built[i] = True
+        step = chunk if many is not None else 1
+        for at in range(0, len(todo), step):
+            part = todo[at : at + step]
+            windows = [self.window(i)[0] for i in part]
+            computed = many(windows) if many is not None else [compute(windows[0])]
+            for i, states in zip(part, computed, strict=True):
+                start, length = int(self.rows[i, 0]), int(self.rows[i, 1])
+                for name, array in self.arrays.items():
+                    key = FEATURES if name == FEATURES else self.layer
+                    array[start : start + length] = states[key][:length].to(torch.bfloat16).view(torch.int16).cpu().numpy()
+                self.built[i] = True
         return len(todo)
 
     def flush(self) -> None:

@@ -47,6 +47,10 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--output", required=True, help="run folder; the same command again resumes")
     add_option_flags(t, ("target",), keep_defaults=True)
     t.add_argument("--steps", type=int, default=1000)
+    t.add_argument(
+        "--minutes", type=float, default=0.0, help="stop after this many minutes of training (0: run --steps); "
+        "the learning-rate schedule spans the budget"
+    )
     t.add_argument("--batch-size", type=int, default=8, help="corpus rows per step")
     t.add_argument("--max-len", type=int, default=256, help="tokens per row window (prompt tail + response)")
     t.add_argument("--lr", type=float, default=1e-3)
@@ -140,13 +144,15 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if not 1 <= args.ttt_steps <= 8:
         raise QuickdraftError(f"--ttt-steps must be in 1..8, got {args.ttt_steps}")
+    if args.minutes < 0:
+        raise QuickdraftError(f"--minutes must be >= 0, got {args.minutes}")
     if args.eval_every < 0:
         raise QuickdraftError(f"--eval-every must be >= 0, got {args.eval_every}")
     cfg = HeadTrainingConfig(
         kinds=kinds, steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
         warmup=args.warmup, exit_layer=args.exit_layer, block=args.block, head_vocab=args.head_vocab,
         feature_weight=args.feature_weight, checkpoint_every=args.checkpoint_every, seed=args.seed,
-        ttt_steps=args.ttt_steps,
+        ttt_steps=args.ttt_steps, minutes=args.minutes,
     )  # fmt: skip
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,8 +200,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             "target": target.name,
             "data": str(args.data),
             "train_rows": len(train),
-            "steps": cfg.steps - report["started_at"].get(k, 0),
-            "rows_seen": (cfg.steps - report["started_at"].get(k, 0)) * cfg.batch_size,
+            "steps": run.step - report["started_at"].get(k, 0),
+            "rows_seen": (run.step - report["started_at"].get(k, 0)) * cfg.batch_size,
             "positions_seen": run.positions,
             "init": [str(Path(f).resolve()) for f in args.init],
             "heldout_rows": {mode: sum(len(b.lengths) for b in bs) for mode, bs in run.evals.items()},

@@ -51,6 +51,7 @@ class HeadTrainingConfig:
     checkpoint_every: int = 50
     seed: int = 0
     ttt_steps: int = 1
+    minutes: float = 0.0  # > 0: stop after this many minutes of training, the schedule stretched over them
     extra: dict = field(default_factory=dict)
 
 
@@ -61,6 +62,28 @@ def target_states(net: NativeLlama, ids: list[int], exit_layer: int | None) -> d
     x = torch.tensor(ids, dtype=torch.long, device=net.device)
     out, kept = net.forward(net.new_cache(len(ids)), 0, x, keep_hidden=() if exit_layer is None else (exit_layer,))
     return {FEATURES: out, **({} if exit_layer is None else {exit_layer: kept[exit_layer]})}
+
+
+@torch.no_grad()
+def target_states_many(model, windows: list[list[int]], exit_layer: int | None) -> list[dict]:
+    """The frozen target over several windows in one batched forward (Hugging Face's, right-padded:
+    the causal mask keeps every real position's states independent of the padding), what a GPU
+    fills the store with; one `target_states`-like dict per window, rows past its length included
+    (the store keeps the first len(window))."""
+    dev = next(model.parameters()).device
+    ids = torch.zeros(len(windows), max(len(w) for w in windows), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, w in enumerate(windows):
+        ids[b, : len(w)] = torch.tensor(w)
+        mask[b, : len(w)] = 1
+    out = model.get_decoder()(
+        input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=exit_layer is not None
+    )
+    feats = out.last_hidden_state  # (B, T, H), after the final norm
+    kept = None if exit_layer is None else out.hidden_states[exit_layer]  # the states entering layer l
+    return [
+        {FEATURES: feats[b], **({} if kept is None else {exit_layer: kept[b]})} for b in range(len(windows))
+    ]
 
 
 def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
@@ -237,11 +260,12 @@ def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Mod
     return module.float()
 
 
-def lr_at(step: int, cfg: HeadTrainingConfig) -> float:
-    """Linear warm-up, then cosine decay to a tenth."""
+def lr_at(step: int, cfg: HeadTrainingConfig, spent: float | None = None) -> float:
+    """Linear warm-up, then cosine decay to a tenth, over the steps or, with a time budget
+    (`cfg.minutes`), over the fraction `spent` of it."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    progress = spent if spent is not None else (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 

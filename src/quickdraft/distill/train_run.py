@@ -28,6 +28,7 @@ from quickdraft.distill.train_heads import (
     restore_rng,
     save_checkpoint,
     target_states,
+    target_states_many,
     train_loss,
 )
 from quickdraft.distill.train_log import append_eval, plot_evals, read_evals
@@ -81,7 +82,9 @@ class TrainRun:
         self.train = FeatureStore(store / "train", [window(r, cfg.max_len) for r in train], hidden, self.layer, meta)
         held_windows = [window(r, cfg.max_len) for r in held]
         self.held = FeatureStore(store / "heldout", held_windows, hidden, self.layer, meta)
-        self.held.fill(range(len(held)), self.compute)
+        # a GPU computes the target's states for 32 windows at once (a CPU: one, the inference forward)
+        self.many = None if device == "cpu" else (lambda ws: target_states_many(target.model, ws, self.layer))
+        self.held.fill(range(len(held)), self.compute, self.many)
         self.held.flush()
         self.evals = {
             mode: [self.held.batch(chunk) for chunk in _chunks([i for i, r in enumerate(held) if r.mode == mode], 8)]
@@ -99,6 +102,7 @@ class TrainRun:
         }
         self.step, self.positions, self.history = 0, 0, []
         self.speed = Throughput()
+        self.started = time.perf_counter()
 
     def compute(self, ids: list[int]) -> dict:
         return target_states(self.net, ids, self.layer)
@@ -129,14 +133,14 @@ class TrainRun:
         cfg = self.cfg
         start = time.perf_counter()
         picked = batch_indices(len(self.train), self.step, cfg.batch_size, cfg.seed)
-        computed = self.train.fill(picked, self.compute)
+        computed = self.train.fill(picked, self.compute, self.many)
         fill_s = time.perf_counter() - start if computed else 0.0
         batch = self.train.batch(picked)
         positions = scored_positions(batch.lengths, batch.prompt_lens)
         row: dict = {"step": self.step + 1}
         for k, module in self.modules.items():
             for group in self.optims[k].param_groups:
-                group["lr"] = lr_at(self.step, cfg)
+                group["lr"] = lr_at(self.step, cfg, self.spent if cfg.minutes > 0 else None)
             steps = cfg.ttt_steps if k == "head" else 1
             with torch.autocast(device_type=self.device, dtype=torch.bfloat16):
                 loss, stats = train_loss(module, k, batch, self.embed, self.sub_head, cfg.feature_weight, steps)
@@ -152,6 +156,11 @@ class TrainRun:
         row["train_s"] = round(self.speed.train_s, 2)  # cumulative, this session
         self.history.append(row)
         return row
+
+    @property
+    def spent(self) -> float:
+        """The fraction of this command's time budget (`cfg.minutes`) spent."""
+        return min(1.0, (time.perf_counter() - self.started) / (60 * self.cfg.minutes)) if self.cfg.minutes > 0 else 0.0
 
     def evaluate(self, decode: bool = True) -> dict:
         """Every module on the held-out greedy and sampled rows (teacher-forced, each unrolled step
@@ -175,11 +184,12 @@ class TrainRun:
         return None if self.ids.numel() == self.target.output_vocab_size else self.ids.cpu()
 
     def run(self, eval_every: int, ckpt: Path, progress: bool) -> None:
-        """Train to `cfg.steps`, checkpointing and evaluating on the way."""
+        """Train to `cfg.steps` (or until `cfg.minutes` are spent), checkpointing and evaluating on the way."""
         from tqdm import tqdm
 
         bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not progress, desc="train-draft", unit="step")
-        while self.step < self.cfg.steps:
+        self.started = time.perf_counter()
+        while self.step < self.cfg.steps and self.spent < 1.0:
             row = self.train_step()
             bar.update(1)
             rate = self.speed.report()
@@ -190,7 +200,7 @@ class TrainRun:
                     "pos/s": round(rate.get("cached_positions_per_s") or rate.get("first_pass_positions_per_s") or 0),
                 }
             )
-            if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+            if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps or self.spent >= 1.0:
                 self.checkpoint(ckpt)
             if eval_every and self.step % eval_every == 0 and self.step < self.cfg.steps:
                 bar.clear()
