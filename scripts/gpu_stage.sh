@@ -18,13 +18,14 @@ gguf=$("$py" -c "from quickdraft.models.default import _gguf_path; print(_gguf_p
 name=$(basename "$gguf")
 seqkd="${SEQKD:-../shared/data/seqkd}"
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-tree=$((tree + $(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)))
-rm -rf .gpu && mkdir -p .gpu/a .gpu/b
+others=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
+tree=$((tree + ${others:-0}))
+chmod -R u+w .gpu 2>/dev/null; rm -rf .gpu && mkdir -p .gpu/a .gpu/b
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
 (cd "$(dirname "$gguf")" && sha256sum "$name") >.gpu/a/SHA256SUMS
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 -d .gpu/a "gguf==$("$py" -c 'import importlib.metadata as m; print(m.version("gguf"))')"
-cp -r "$seqkd" .gpu/b/seqkd
+cp -r --no-preserve=mode "$seqkd" .gpu/b/seqkd
 room_a=$((limit - tree - $(du -sb .gpu/a | cut -f1) - 2 * 1024 * 1024))  # 2 MiB of slack
 size=$(stat -c %s "$gguf")
 if [ "$room_a" -le 0 ]; then echo "the tree ($tree bytes) leaves no room in a call" >&2; exit 1; fi

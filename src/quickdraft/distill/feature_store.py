@@ -124,7 +124,9 @@ class FeatureStore:
         start, length, prompt_len = (int(v) for v in self.rows[index])
         return self.ids[start : start + length].tolist(), prompt_len
 
-    def fill(self, indices: Sequence[int], compute: ComputeStates, many: ComputeMany | None = None, chunk: int = 32) -> int:
+    def fill(
+        self, indices: Sequence[int], compute: ComputeStates, many: ComputeMany | None = None, chunk: int = 32
+    ) -> int:
         """Compute and write the windows among `indices` not yet built, one at a time with `compute`
         or `chunk` at a time with `many`; returns how many."""
         todo = [int(i) for i in dict.fromkeys(indices) if not self.built[int(i)]]
@@ -137,7 +139,8 @@ class FeatureStore:
                 start, length = int(self.rows[i, 0]), int(self.rows[i, 1])
                 for name, array in self.arrays.items():
                     key = FEATURES if name == FEATURES else self.layer
-                    array[start : start + length] = states[key][:length].to(torch.bfloat16).view(torch.int16).cpu().numpy()
+                    rows = states[key][:length].to(torch.bfloat16)
+                    array[start : start + length] = rows.view(torch.int16).cpu().numpy()
                 self.built[i] = True
         return len(todo)
 

@@ -48,8 +48,10 @@ def add_train_draft_parser(sub) -> None:
     add_option_flags(t, ("target",), keep_defaults=True)
     t.add_argument("--steps", type=int, default=1000)
     t.add_argument(
-        "--minutes", type=float, default=0.0, help="stop after this many minutes of training (0: run --steps); "
-        "the learning-rate schedule spans the budget"
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="stop after this many minutes of training (0: run --steps); the learning-rate schedule spans the budget",
     )
     t.add_argument("--batch-size", type=int, default=8, help="corpus rows per step")
     t.add_argument("--max-len", type=int, default=256, help="tokens per row window (prompt tail + response)")

@@ -81,9 +81,7 @@ def target_states_many(model, windows: list[list[int]], exit_layer: int | None) 
     )
     feats = out.last_hidden_state  # (B, T, H), after the final norm
     kept = None if exit_layer is None else out.hidden_states[exit_layer]  # the states entering layer l
-    return [
-        {FEATURES: feats[b], **({} if kept is None else {exit_layer: kept[b]})} for b in range(len(windows))
-    ]
+    return [{FEATURES: feats[b], **({} if kept is None else {exit_layer: kept[b]})} for b in range(len(windows))]
 
 
 def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
