@@ -78,7 +78,7 @@ if [[ " $steps " == *" head "* ]]; then
   data=(.gpu/*/seqkd)
   [ ${#data[@]} -gt 0 ] || { echo "no SeqKD corpus under .gpu/*/seqkd" >&2; exit 1; }
   # the run folder stays on the machine; a second call resumes it (same command)
-  qd train-draft --kind head --data "${data[0]}" --output "$work/head-$device" --device "$device" \
+  ${HEAD_TIMEOUT:+timeout $HEAD_TIMEOUT} "$py" -m quickdraft.cli train-draft --kind head --data "${data[0]}" --output "$work/head-$device" --device "$device" \
     --steps 1000000 --minutes "${HEAD_MINUTES:-3.5}" --batch-size "${HEAD_BATCH:-64}" --lr "${HEAD_LR:-1e-3}" \
     --warmup 100 --ttt-steps "${HEAD_TTT:-2}" --checkpoint-every 500 --decode-prompts 4 --no-progress \
     ${HEAD_ARGS:-} 2>&1 | tail -30 | tee "$out/head.txt"

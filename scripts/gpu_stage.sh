@@ -20,7 +20,7 @@ seqkd="${SEQKD:-../shared/data/seqkd}"
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 others=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
 tree=$((tree + ${others:-0}))
-chmod -R u+w .gpu 2>/dev/null; rm -rf .gpu && mkdir -p .gpu/a .gpu/b
+{ chmod -R u+w .gpu 2>/dev/null || true; }; rm -rf .gpu && mkdir -p .gpu/a .gpu/b
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
 (cd "$(dirname "$gguf")" && sha256sum "$name") >.gpu/a/SHA256SUMS
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -95,3 +95,18 @@ def test_distill_trains_on_cuda(tmp_path):
     history = Distiller(target, student, _examples(), cfg, device="cuda").train(progress=False)
     assert next(student.model.parameters()).device.type == "cuda"
     assert len(history) == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in history)
+
+
+def test_head_trees_draft_on_cuda():
+    """The feature head drafting trees on the GPU, as `train-draft`'s gain table runs it after
+    training (a tree level's mask and positions were once built on the CPU: the first GPU run lost
+    its trained head to that)."""
+    from quickdraft.distill.decode_eval import decode_eval
+    from quickdraft.distill.train_heads import HeadTrainingConfig, new_module
+
+    target = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float32)
+    target.model.to("cuda")
+    module = new_module("head", target.model, HeadTrainingConfig()).to("cuda")
+    for tree, width in ((0, 1), (4, 2), (8, 4)):
+        got = decode_eval(module, "head", target, None, [[5, 6, 7, 5, 6, 7]], 12, tree=tree, width=width)
+        assert got["tokens_per_target_forward"] >= 1.0 and got["prompts"] == 1

@@ -190,6 +190,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     run.run(args.eval_every, ckpt_path, not args.no_progress)
     after = run.evaluate()
+    for k in kinds:  # written before the gain table (minutes more), so a run stopped there keeps them
+        export(out / k, run.modules[k], head_ids, {"target": target.name, "heldout_after": after[k], "partial": True})
     gains = {  # the head's tokens per forward by tree budget: what sizes `draft_tree` auto
         k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts) for k in kinds if k == "head" and run.prompts
     }

@@ -125,8 +125,8 @@ class FeatureHeadDrafter(FeatureRows):
             feats = torch.cat([root if p < 0 else outputs[p] for p in parents])
             full = tree.mask()[1:, 1:]
             seen = full[torch.tensor(new)][:, : len(outputs) + len(new)]
-            mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool), seen], dim=1)
-            positions = torch.tensor([committed - 1 + tree.depths[i] for i in new])
+            mask = torch.cat([torch.ones(len(new), committed, dtype=torch.bool), seen], dim=1).to(feats.device)
+            positions = torch.tensor([committed - 1 + tree.depths[i] for i in new], device=feats.device)
             out = self._rows(feats, torch.tensor([tree.tokens[i] for i in new]), positions, mask)
             outputs.extend(out.split(1))
             return self.lm.logits(out)
