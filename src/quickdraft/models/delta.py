@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models import weight_files
 from quickdraft.models.loading import LoadedModel, truncated_copy
 
 DELTA_WEIGHTS = "draft_delta.safetensors"
@@ -54,7 +55,7 @@ def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = No
             f"({', '.join(f'{k}: draft {a} vs target {b}' for k, (a, b) in wrong.items())})"
         )
     draft = truncated_copy(target, int(meta["num_layers"]), dtype)
-    tensors = load_file(str(folder / DELTA_WEIGHTS))
+    tensors = weight_files.read(folder / DELTA_WEIGHTS)  # bfloat16, or packed int8/int4 (the shipped one)
     own = dict(draft.model.named_parameters())
     missing = [n for n in tensors if n not in own]
     if missing:

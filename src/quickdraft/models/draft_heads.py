@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models import weight_files
 from quickdraft.models.linear import Linear, fuse_rows, packs
 from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tables
 
@@ -292,7 +293,7 @@ def load_draft_head(
     if wrong:
         raise QuickdraftError(f"the draft module in {folder} was trained for another target ({', '.join(wrong)})")
     module = module_type(cfg)
-    module.load_state_dict(load_file(str(folder / HEAD_WEIGHTS)))
+    module.load_state_dict(weight_files.read(folder / HEAD_WEIGHTS))  # bfloat16, or packed int8/int4
     head_ids = load_file(str(folder / HEAD_IDS))["head_ids"] if (folder / HEAD_IDS).is_file() else None
     return module.to(dtype).eval().requires_grad_(False), head_ids, meta
 
