@@ -94,3 +94,23 @@ def test_load_model_rejects_a_folder_without_config(tmp_path):
 
     with pytest.raises(QuickdraftError, match="no config.json"):
         load_model(str(tmp_path))
+
+
+def test_bench_doc_keeps_the_pages_text_and_rewrites_its_reports(tmp_path):
+    """docs/benchmarks.md is written in one place: `bench doc` keeps what the page holds above the
+    reports heading and replaces the reports under it (plot links made relative to the page)."""
+    runs = tmp_path / "runs"
+    for name, body in (("one", "## run one\n![p](p.png)\n"), ("two", "## run two\n")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "report.md").write_text(body)
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text("# Benchmarks\n\nhand-written summary\n\n# Reports written by the harness\n\n## stale report\n")
+    assert main(["bench", "doc", str(runs / "one"), str(runs / "two"), "--output", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nhand-written summary\n\n# Reports written by the harness\n")
+    assert "stale report" not in text and "## run one" in text and "## run two" in text
+    assert "](../runs/one/p.png)" in text
+    assert main(["bench", "doc", str(runs / "two"), "--output", str(page)]) == 0  # again: the text stays once
+    again = page.read_text()
+    assert again.count("hand-written summary") == 1 and "## run one" not in again

@@ -152,10 +152,7 @@ GROUPS: dict[str, list[Step]] = {
             **{"/path/draft": TINY},
         ),
         Step("quickdraft bench compare out/ --method sd:drafter=ngram"),
-        Step(
-            "quickdraft bench doc out/ --intro docs/benchmarks_intro.md --output docs/benchmarks.md",
-            subs=(("docs/benchmarks_intro.md", str(ROOT / "docs" / "benchmarks_intro.md")),),
-        ),
+        Step("quickdraft bench doc out/ --output docs/benchmarks.md"),
     ],
     "train-draft": [
         _tiny(

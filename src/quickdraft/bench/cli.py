@@ -53,8 +53,11 @@ def add_bench_parser(sub, add_model_flags) -> None:
 
     doc = actions.add_parser("doc", help="write a markdown page from benchmark reports")
     doc.add_argument("outs", nargs="+", help="benchmark output folders")
-    doc.add_argument("--output", default="docs/benchmarks.md")
-    doc.add_argument("--intro", default=None, help="a markdown file to put first")
+    doc.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help=f"the page: what it holds before {REPORTS!r} is kept, the reports after it are rewritten",
+    )
     doc.set_defaults(func=_cmd_doc)
 
 
@@ -129,10 +132,17 @@ def _cmd_quality(args: argparse.Namespace) -> int:
     return 0
 
 
+REPORTS = "# Reports written by the harness"  # where a page's hand-written part ends
+
+
 def _cmd_doc(args: argparse.Namespace) -> int:
+    """Rewrite the reports section of the page `--output` from the runs' report.md files; the text
+    above it (the summaries people write) is kept as it is, so the page is written in one place."""
     from quickdraft.errors import QuickdraftError
 
-    parts = [Path(args.intro).read_text()] if args.intro else []
+    page = Path(args.output)
+    kept = page.read_text().split(REPORTS, 1)[0].rstrip("\n") + "\n\n" if page.is_file() else ""
+    parts = [kept + REPORTS + "\n"]
     for out in args.outs:
         report = Path(out) / "report.md"
         if not report.is_file():
