@@ -185,7 +185,7 @@ def test_runtime_choice_and_refusals():
     model = tiny_llama().model
     assert isinstance(cached_model(model), NativeCachedModel)
     assert not isinstance(cached_model(model, runtime="hf"), NativeCachedModel)
-    model.config.model_type = "mistral"  # as if another architecture
+    model.config.model_type = "falcon"  # as if an architecture the described block does not cover
     assert not isinstance(cached_model(model), NativeCachedModel)  # auto falls back to HF's forward
     with pytest.raises(QuickdraftError, match="native does not support"):
         cached_model(model, runtime="native")

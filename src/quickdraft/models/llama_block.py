@@ -117,6 +117,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
+def gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: the weight is an offset from 1, applied in float32 before the cast back."""
+    return (F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class BlockStyle:
+    """What a family's block does differently from Llama's (`native.describe` reads it off a model):
+    `norm` "llama" (weight after the cast back) or "gemma" (1 + weight, before it); `act` the MLP's
+    gate activation, "silu" or "gelu_tanh"."""
+
+    norm: str = "llama"
+    act: str = "silu"
+
+
+LLAMA = BlockStyle()
+
+
 def add_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +185,23 @@ class Block:
     kv_heads: int
     head_dim: int
     eps: float
+    # the described block (models/native.py's `describe`): all None / defaults for a Llama block
+    style: BlockStyle = LLAMA
+    q_norm: torch.Tensor | None = None  # (d,) RMSNorm of every query head before RoPE (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # norms of the attention's and the MLP's outputs (Gemma 2/3)
+    post_mlp_norm: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None  # ((heads + 2 kv_heads) d,) added to the q/k/v projections (Qwen2)
+    q_scale: float = 1.0  # queries times this: an attention scale other than 1/sqrt(d) (query_pre_attn_scalar)
+
+    @property
+    def plain(self) -> bool:
+        """A Llama block (what the fused kernels compute)."""
+        extras = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm, self.qkv_bias)
+        return self.style == LLAMA and self.q_scale == 1.0 and all(e is None for e in extras)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (gemma_norm if self.style.norm == "gemma" else rms_norm)(x, weight, self.eps)
 
     def attention(
         self,
@@ -189,11 +224,21 @@ class Block:
         (B, T, H) and the rows attend among themselves, causally unless `mask` ((B, 1, T, T)) is given."""
         qk_heads = self.heads + self.kv_heads
         y = self.qkv[0](x) if len(self.qkv) == 1 else torch.cat([f(x) for f in self.qkv], dim=-1)
+        if self.qkv_bias is not None:
+            y = y + self.qkv_bias
         y = y.unflatten(-1, (qk_heads + self.kv_heads, self.head_dim))  # (..., T, q+k+v heads, d)
         if cos.dtype != y.dtype:  # under autocast the linears' outputs are in the autocast dtype
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
-        qk = rotate(y[..., :qk_heads, :], cos.unsqueeze(-2), sin.unsqueeze(-2))  # RoPE on q and k heads at once
+        qk = y[..., :qk_heads, :]
+        if self.q_norm is not None:  # per-head norms of queries and keys, before RoPE
+            qk = torch.cat(
+                (self.norm(qk[..., : self.heads, :], self.q_norm), self.norm(qk[..., self.heads :, :], self.k_norm)),
+                dim=-2,
+            )
+        qk = rotate(qk, cos.unsqueeze(-2), sin.unsqueeze(-2))  # RoPE on q and k heads at once
         q = qk[..., : self.heads, :].transpose(-3, -2)  # (..., heads, T, d)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         k, v = qk[..., self.heads :, :].transpose(-3, -2), y[..., qk_heads:, :].transpose(-3, -2)
         if cache is None:
             causal = mask is None and q.shape[-2] > 1
@@ -204,9 +249,10 @@ class Block:
         return self.wo(out if rows is None else out[rows])
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU over normed rows (..., H)."""
+        """SwiGLU (GeGLU with the tanh GELU for Gemma) over normed rows (..., H)."""
         gate, up = apply_rows(self.gate_up, self.gate_up_sizes, x)
-        return self.down(F.silu(gate) * up)
+        gate = F.gelu(gate, approximate="tanh") if self.style.act == "gelu_tanh" else F.silu(gate)
+        return self.down(gate * up)
 
     def forward(
         self,
@@ -225,15 +271,18 @@ class Block:
         (training reads the outputs of the scored rows only)."""
         if rows is None and type(cache) is KVCache and self.down is not None and self._fusable(x, cache):
             return self._fused_forward(kernels.fused_ops(), x, cos, sin, cache, layer, at, mask)
-        h = self.attention(rms_norm(x, self.attn_norm, self.eps), cos, sin, cache, layer, at, mask, rows)
+        h = self.attention(self.norm(x, self.attn_norm), cos, sin, cache, layer, at, mask, rows)
+        if self.post_attn_norm is not None:
+            h = self.norm(h, self.post_attn_norm)
         x = (x if rows is None else x[rows]) + h
         if self.down is not None:
-            x = x + self.mlp(rms_norm(x, self.mlp_norm, self.eps))
+            m = self.mlp(self.norm(x, self.mlp_norm))
+            x = x + (m if self.post_mlp_norm is None else self.norm(m, self.post_mlp_norm))
         return x
 
     def _fusable(self, x: torch.Tensor, cache: KVCache) -> bool:
         """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference."""
-        return x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
+        return self.plain and x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
 
     def _fused_forward(self, ops, x, cos, sin, cache: KVCache, layer: int, at: int, mask) -> torch.Tensor:
         """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norm

@@ -19,27 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from quickdraft.models.batch_cache import BatchKVCache
+from quickdraft.models.families import describe, rope_sets, unsupported_reason
 from quickdraft.models.linear import Linear, fuse_rows, packs
-from quickdraft.models.llama_block import Block, KVCache, add_norm, rope_tables
+from quickdraft.models.llama_block import Block, KVCache, add_norm, gemma_norm, rope_tables
 
-
-def unsupported_reason(model) -> str | None:
-    """Why the native forward cannot run `model` (None: it can)."""
-    cfg = model.config
-    if cfg.model_type != "llama":
-        return f"model type {cfg.model_type!r} (native: llama)"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"RoPE scaling {rope.get('rope_type')!r}"
-    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        return "biases in attention or MLP"
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
-        return "activation other than silu, or pretraining_tp > 1"
-    return None
+__all__ = ["NativeLlama", "unsupported_reason"]
 
 
 class NativeLlama:
-    """The forward of a Hugging Face LlamaForCausalLM, reading its weights in place.
+    """The forward of a Hugging Face decoder of a described family (`families.py`: Llama, Mistral,
+    Qwen2/3, Phi-3, Gemma 3), reading its weights in place.
 
     Args:
         model: the Hugging Face model.
@@ -67,34 +56,51 @@ class NativeLlama:
         def linear(name: str, module) -> Callable:
             return given.pop(name, None) or Linear(module.weight, pack)
 
+        self.style, parts, self.embed_scale = describe(model)
+        self.windows = [p.window for p in parts]
+        self.rope_keys = [p.rope for p in parts]
         self.layers = []
-        for i, block in enumerate(inner.layers):
+        for i, (block, part) in enumerate(zip(inner.layers, parts, strict=True)):
             attn, mlp, at = block.self_attn, block.mlp, f"model.layers.{i}."
-            qkv = [linear(at + f"self_attn.{n}_proj.weight", getattr(attn, f"{n}_proj")) for n in "qkv"]
-            gate_up = [linear(at + f"mlp.{n}_proj.weight", getattr(mlp, f"{n}_proj")) for n in ("gate", "up")]
+            if hasattr(attn, "qkv_proj"):  # Phi-3: one fused projection
+                qkv = [linear(at + "self_attn.qkv_proj.weight", attn.qkv_proj)]
+            else:
+                qkv = fuse_rows([linear(at + f"self_attn.{n}_proj.weight", getattr(attn, f"{n}_proj")) for n in "qkv"])
+            if hasattr(mlp, "gate_up_proj"):
+                gate_up, sizes = (
+                    [linear(at + "mlp.gate_up_proj.weight", mlp.gate_up_proj)],
+                    [mlp.down_proj.in_features] * 2,
+                )
+            else:
+                gate_up = fuse_rows(
+                    [linear(at + f"mlp.{n}_proj.weight", getattr(mlp, f"{n}_proj")) for n in ("gate", "up")]
+                )
+                sizes = [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]]
+            mlp_norm = getattr(block, "pre_feedforward_layernorm", None)  # Gemma: the sandwich's pre-MLP norm
+            mlp_norm = block.post_attention_layernorm if mlp_norm is None else mlp_norm
             self.layers.append(
                 Block(
                     block.input_layernorm.weight,
-                    fuse_rows(qkv),
+                    qkv,
                     linear(at + "self_attn.o_proj.weight", attn.o_proj),
-                    block.post_attention_layernorm.weight,
-                    fuse_rows(gate_up),
-                    [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]],
+                    mlp_norm.weight,
+                    gate_up,
+                    sizes,
                     linear(at + "mlp.down_proj.weight", mlp.down_proj),
                     self.heads,
                     self.kv_heads,
                     self.head_dim,
                     self.eps,
-                )
+                    **part.extras,
+                )  # fmt: skip
             )
         self.head_linear = given.pop("lm_head.weight", None)  # None: the cache owner builds it
         if given:
             raise ValueError(f"NativeLlama: no linear named {sorted(given)[0]!r} in this model")
         self.norm = inner.norm.weight
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
-        rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
+        self.inv_freq, self.rope_scale = next(iter(self.ropes.values()))  # the (first) table, for draft modules
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(
@@ -102,9 +108,20 @@ class NativeLlama:
         )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """HF's LlamaRMSNorm with this model's epsilon (`llama_block.add_norm`: the fused kernel where it
-        runs)."""
+        """The family's final norm with this model's epsilon (Llama's: `llama_block.add_norm`, the fused
+        kernel where it runs)."""
+        if self.style.norm == "gemma":
+            return gemma_norm(x, weight, self.eps)
         return add_norm(x, weight, self.eps)[1]
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of `ids`, scaled as the family scales them (Gemma: by sqrt(H))."""
+        x = self.embed[ids]
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{RoPE table key: (cos, sin) at `positions`}, one per layer type that has its own."""
+        return {k: rope_tables(f, positions, self.dtype, scale) for k, (f, scale) in self.ropes.items()}
 
     def forward(
         self,
@@ -135,11 +152,11 @@ class NativeLlama:
             ((n, H) the output of layer stop-1 (final-normed when stop == num_layers), {layer: (n, H)}).
         """
         start, stop = layers or (0, self.num_layers)
-        x = self.embed[ids] if hidden is None else hidden
+        x = self.embed_ids(ids) if hidden is None else hidden
         n = x.shape[0]
         if positions is None:
             positions = torch.arange(at, at + n, device=self.device)
-        cos, sin = rope_tables(self.inv_freq, positions, self.dtype, self.rope_scale)
+        tables = self.tables(positions)
         mask = None
         if tree_mask is not None and tree_mask.shape[1] == at + n:  # a mask over context and new rows
             mask = tree_mask.to(self.device)
@@ -148,11 +165,14 @@ class NativeLlama:
             mask = torch.cat([torch.ones(n, at, dtype=torch.bool, device=self.device), new.to(self.device)], dim=1)
         if mask is not None and n == 1 and bool(mask.all()):
             mask = None  # one row that sees everything: the unmasked kernel, as a plain step
+        windowed = {w: window_mask(mask, at, positions, w) for w in set(self.windows[start:stop]) if w}
         kept: dict[int, torch.Tensor] = {}
         for i in range(start, stop):
             if i in keep_hidden:
                 kept[i] = x
-            x = self.layers[i].forward(x, cos, sin, cache, i, at, mask)
+            cos, sin = tables[self.rope_keys[i]]
+            w = self.windows[i]
+            x = self.layers[i].forward(x, cos, sin, cache, i, at, windowed[w] if w else mask)
         if stop in keep_hidden:
             kept[stop] = x
         if stop == self.num_layers:
@@ -175,10 +195,25 @@ class NativeLlama:
             (B, T, H) final-normed states.
         """
         b, t = ids.shape
-        x = self.embed[ids]
-        cos, sin = rope_tables(self.inv_freq, positions.reshape(-1), self.dtype, self.rope_scale)
-        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
+        x = self.embed_ids(ids)
+        tables = {k: (c.view(b, t, -1), s.view(b, t, -1)) for k, (c, s) in self.tables(positions.reshape(-1)).items()}
         mask = mask[:, None].to(self.device)
+        if any(self.windows) and int(positions.max()) >= min(w for w in self.windows if w):
+            raise ValueError("sliding-window layers past their window in a batch: run requests one at a time")
         for i, layer in enumerate(self.layers):
+            cos, sin = tables[self.rope_keys[i]]
             x = layer.forward(x, cos, sin, cache, i, cache.starts, mask)
         return self.rms_norm(x, self.norm)
+
+
+def window_mask(mask: torch.Tensor | None, at: int, positions: torch.Tensor, window: int) -> torch.Tensor | None:
+    """`mask` ((n, at + n) bool over the cache and the new rows; None: all visible) narrowed to a
+    sliding window: a row at position p sees keys at positions > p - window (the cached context holds
+    positions 0..at-1 in order, the new rows `positions`). None when nothing falls outside."""
+    n = positions.shape[0]
+    if int(positions.max()) < window:
+        return mask
+    keys = torch.cat([torch.arange(at, device=positions.device), positions])
+    near = keys[None, :] > positions[:, None] - window
+    full = torch.ones(n, at + n, dtype=torch.bool, device=positions.device) if mask is None else mask
+    return full & near

@@ -1,0 +1,137 @@
+"""The described block (models/families.py) per decoder family: a tiny random config of each, made
+here (no download), gives Hugging Face's logits to 1e-10 in float64 through the native forward
+(prefill, steps, a token tree, sliding windows crossed), and speculative decoding through it equals
+plain decoding exactly (suffix, n-gram and a truncated self-draft)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from quickdraft import Engine, EngineConfig
+from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.models.families import unsupported_reason
+from quickdraft.models.loading import LoadedModel
+from quickdraft.models.native_cache import NativeCachedModel
+
+SHAPE = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.3, tie_word_embeddings=False,
+    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)  # fmt: skip
+WINDOW = 5  # sliding windows short enough for the tests' sequences to cross them
+
+FAMILIES = {
+    "llama3-rope": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            )
+        ),  # fmt: skip
+    ),
+    "llama-yarn": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16)),
+    ),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict()),  # q/k/v biases
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=8)),  # q/k norms
+    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=WINDOW, head_dim=8)),
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict()),  # fused q/k/v and gate/up
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        dict(
+            head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW, tie_word_embeddings=True,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        ),  # fmt: skip
+    ),
+}
+
+
+def family_model(name: str, seed: int = 0, dtype=torch.float64) -> LoadedModel:
+    config_type, model_type, extra = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = config_type(**{**SHAPE, **extra})
+    model = model_type(config).to(dtype).eval()
+    with torch.no_grad():  # Gemma's norms start at zero (weight 1 + 0): make them matter
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(0.0, 0.3)
+    model.generation_config.eos_token_id = None
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-{name}")
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0]
+
+
+def close(a, b) -> bool:
+    return (a.double() - b.double()).abs().max().item() <= 1e-10
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_native_forward_equals_hugging_face(name):
+    model = family_model(name).model
+    assert unsupported_reason(model) is None
+    nat = NativeCachedModel(model)
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]  # longer than the sliding window
+    assert close(nat.prefill(seq)[-1], hf_logits(model, seq)[-1])
+    assert close(nat.extend([8]), hf_logits(model, seq + [8])[-1:])
+    assert close(nat.extend([9, 7]), hf_logits(model, seq + [8, 9, 7])[-2:])
+    nat.rollback(len(seq))
+    tokens, parent, depth = [11, 12, 13], [-1, 0, 0], [0, 1, 1]  # a tree: 11 -> {12, 13}
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    got = nat.extend(tokens, positions=[len(seq) + d for d in depth], tree_mask=mask)
+    for i, path in enumerate(([11], [11, 12], [11, 13])):
+        assert close(got[i], hf_logits(model, seq + path)[-1]), f"tree row {i}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("drafter", ["suffix:none", "ngram", "truncated:1"])
+def test_speculative_decoding_through_the_native_forward_equals_plain(name, drafter):
+    target = family_model(name, seed=1)
+    sd = Engine(target, EngineConfig(method="sd", drafter=drafter, runtime="native"))
+    ar = Engine(target, EngineConfig(method="ar", runtime="hf"))
+    assert type(sd.target).__name__ == "NativeCachedModel"
+    drafted = 0
+    for prompt in ([5, 6, 7, 5, 6, 7], [9, 9, 9, 9]):
+        a = ar.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        b = sd.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        assert b.token_ids == a.token_ids
+        drafted += b.stats.num_draft_tokens
+    assert drafted > 0  # speculation happened
+
+
+def test_soft_capping_falls_back_with_a_reason():
+    """Gemma 2's attention soft-capping cannot run through SDPA: Hugging Face's forward runs, and the
+    runtime says why in one line."""
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(Gemma2Config(**{**SHAPE, "head_dim": 8})).eval()
+    reason = unsupported_reason(model)
+    assert reason is not None and "softcapping" in reason.replace(" ", "").replace("soft-capping", "softcapping")
+    engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-gemma2"), EngineConfig(method="ar"))
+    assert type(engine.target).__name__ == "CachedModel"
