@@ -51,7 +51,9 @@ FAMILIES = {
     "llama-yarn": (
         LlamaConfig,
         LlamaForCausalLM,
-        dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16)),
+        dict(
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16)
+        ),
     ),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict()),  # q/k/v biases
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=8)),  # q/k norms
@@ -103,7 +105,7 @@ def test_native_forward_equals_hugging_face(name):
     assert close(nat.extend([8]), hf_logits(model, seq + [8])[-1:])
     assert close(nat.extend([9, 7]), hf_logits(model, seq + [8, 9, 7])[-2:])
     nat.rollback(len(seq))
-    tokens, parent, depth = [11, 12, 13], [-1, 0, 0], [0, 1, 1]  # a tree: 11 -> {12, 13}
+    tokens, depth = [11, 12, 13], [0, 1, 1]  # a tree: 11 -> {12, 13}
     mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     got = nat.extend(tokens, positions=[len(seq) + d for d in depth], tree_mask=mask)
     for i, path in enumerate(([11], [11, 12], [11, 13])):

@@ -52,6 +52,8 @@ def _check_runtime(kind: str, target: LoadedModel, runtime: str) -> None:
     if runtime == "hf":
         raise QuickdraftError(f"the {kind} drafter reads the target's hidden states: use --runtime native or auto")
     reason = unsupported_reason(target.model)
+    if reason is None and target.model.config.model_type not in ("llama", "mistral"):
+        reason = f"draft modules are built on the Llama block ({target.model.config.model_type} is not one)"
     if reason is not None:
         raise QuickdraftError(
             f"the {kind} drafter needs the native runtime, which does not support this target: {reason}"
