@@ -17,11 +17,11 @@ import statistics
 
 import torch
 
+from quickdraft.costs.host import cpu_model
+from quickdraft.costs.timing import step_seconds
 from quickdraft.drafters import make_drafter
-from quickdraft.models.host import cpu_model
-from quickdraft.models.loading import load_model
-from quickdraft.models.target import load_target
-from quickdraft.models.timing import step_seconds
+from quickdraft.runtime.target import load_target
+from quickdraft.weights.loading import load_model
 
 DEFAULT = "distilled,truncated:6,kangaroo,head,specdec,quant:int4,quant:gguf"
 
@@ -44,7 +44,7 @@ def draft_bytes(drafter, loaded) -> int | None:
     Kangaroo, the target's first l layers it runs; a quantized self-draft: its kernel-form linears and
     norms."""
     if drafter.name.startswith("quant"):  # the target's own weights in kernel form, plus its norms
-        from quickdraft.models.quantized import quantize_model
+        from quickdraft.weights.quantized import quantize_model
 
         mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "int4"
         quantized = quantize_model(loaded, mode.split("@")[0])

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.loading import load_model, truncated_copy
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.weights.loading import load_model, truncated_copy
 
 
 def main() -> None:

@@ -15,7 +15,7 @@
 set -euo pipefail
 limit=$((64 * 1024 * 1024 - 2 * 1024 * 1024))  # 2 MiB of slack
 py="${PYTHON:-.venv/bin/python}"
-gguf=$("$py" -c "from quickdraft.models.default import _gguf_path; print(_gguf_path())")
+gguf=$("$py" -c "from quickdraft.weights.default import _gguf_path; print(_gguf_path())")
 name=$(basename "$gguf")
 seqkd="${SEQKD:-../shared/data/seqkd}"
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

@@ -20,8 +20,8 @@ import torch
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.engine import Engine, EngineConfig
-from quickdraft.models.loading import load_model
 from quickdraft.sampling import logits_to_probs
+from quickdraft.weights.loading import load_model
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quickdraft.models import weight_files
+from quickdraft.weights import weight_files
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ import torch
 
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.engine import Engine
-from quickdraft.models.loading import load_model
 from quickdraft.options import options_from
+from quickdraft.weights.loading import load_model
 
 
 def main() -> None:

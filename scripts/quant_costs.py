@@ -28,10 +28,10 @@ import torch
 
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.runner import machine_info
-from quickdraft.models.loading import load_model
-from quickdraft.models.native_cache import NativeCachedModel
-from quickdraft.models.quantized import quantize_model
 from quickdraft.prompts import PromptCodec
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.loading import load_model
+from quickdraft.weights.quantized import quantize_model
 
 FORMS = ("none", "int8", "w8a8", "int4", "gguf")
 ROWS = (1, 5, 9, 17)

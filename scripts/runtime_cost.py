@@ -14,8 +14,8 @@ import time
 import torch
 
 from quickdraft.drafters import make_drafter
-from quickdraft.models.loading import load_model
-from quickdraft.models.runtime import cached_model
+from quickdraft.runtime.choose import cached_model
+from quickdraft.weights.loading import load_model
 
 
 def step_ms(model, k: int, repeats: int = 25) -> float:

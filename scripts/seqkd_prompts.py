@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from quickdraft.distill.seqkd import read_seqkd, shuffled
-from quickdraft.models.loading import load_model
+from quickdraft.training.seqkd import read_seqkd, shuffled
+from quickdraft.weights.loading import load_model
 
 
 def main() -> None:

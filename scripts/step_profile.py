@@ -15,11 +15,11 @@ import json
 import torch
 
 from quickdraft.bench.runner import machine_info
-from quickdraft.models import kernels
-from quickdraft.models.host import median_seconds
-from quickdraft.models.linear import packing
-from quickdraft.models.loading import load_model
-from quickdraft.models.target import load_target
+from quickdraft.costs.host import median_seconds
+from quickdraft.runtime import kernels
+from quickdraft.runtime.linear import packing
+from quickdraft.runtime.target import load_target
+from quickdraft.weights.loading import load_model
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)
 

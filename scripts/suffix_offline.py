@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from quickdraft.drafters import make_drafter
-from quickdraft.models.loading import load_model
+from quickdraft.weights.loading import load_model
 
 
 def plain_rows(path: str) -> list[dict]:

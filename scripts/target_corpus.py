@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from quickdraft import Engine, EngineConfig
-from quickdraft.distill.seqkd import read_seqkd
-from quickdraft.models.loading import load_model
+from quickdraft.training.seqkd import read_seqkd
+from quickdraft.weights.loading import load_model
 
 USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -34,7 +34,7 @@ def user_turns(data: Path, max_chars: int) -> list[tuple[str, str, str]]:
     """(id, split, user text) of every distinct SeqKD prompt, shortest first."""
     from transformers import AutoTokenizer
 
-    from quickdraft.models.default import ensure_default_model
+    from quickdraft.weights.default import ensure_default_model
 
     smol = AutoTokenizer.from_pretrained(ensure_default_model())
     seen, out = set(), []

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.distill.feature_store import Batch, FeatureStore
-from quickdraft.distill.seqkd import read_seqkd, window
-from quickdraft.distill.train_heads import HeadTrainingConfig, batch_indices, new_module, target_states, train_loss
-from quickdraft.distill.train_run import scored_positions
-from quickdraft.models.loading import load_model
-from quickdraft.models.native import NativeLlama
+from quickdraft.runtime.native import NativeLlama
+from quickdraft.training.feature_store import Batch, FeatureStore
+from quickdraft.training.seqkd import read_seqkd, window
+from quickdraft.training.train_heads import HeadTrainingConfig, batch_indices, new_module, target_states, train_loss
+from quickdraft.training.train_run import scored_positions
+from quickdraft.weights.loading import load_model
 
 
 def recomputed(net, windows, picked, layer) -> Batch:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from quickdraft.models.cached_model import TokenCacheVerbs
-from quickdraft.models.loading import LoadedModel
+from quickdraft.runtime.cached_model import TokenCacheVerbs
+from quickdraft.weights.loading import LoadedModel
 
 CHARS = string.ascii_lowercase + " .,!?"
 SPECIALS = ["<pad>", "<eos>", "<unk>"]

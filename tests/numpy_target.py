@@ -4,7 +4,7 @@ Everything runs in float64, norms and RoPE tables included, where Hugging Face's
 its norms and RoPE tables in float32 whatever the model's dtype: logits agree to about 1e-5, not to
 rounding; the lossless tests compare speculation with plain decoding on this same target.
 
-It exists to prove that a backend is one file: it implements `quickdraft.models.target.Target`
+It exists to prove that a backend is one file: it implements `quickdraft.runtime.target.Target`
 (chains and token trees: positions, a mask over the new rows, `compact`) with nothing but numpy and
 its own KV cache, and the lossless suite runs through the library's decoders on it unchanged
 (tests/test_target_protocol.py). It reads no states (`reads_states` False), so drafters that read
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from quickdraft.models.cached_model import TokenCacheVerbs
+from quickdraft.runtime.cached_model import TokenCacheVerbs
 from quickdraft.types import TargetOutput
 
 

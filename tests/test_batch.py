@@ -14,6 +14,7 @@ from scipy.stats import chisquare
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.costs.batch_costs import fit_max_batch, measure_batch_costs, plan_budgets
 from quickdraft.decoding import batch as batch_mod
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.batch import BatchDecoder, run_batch
@@ -23,10 +24,9 @@ from quickdraft.decoding.common import Generators
 from quickdraft.drafters.ngram import PromptLookupDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.batch_costs import fit_max_batch, measure_batch_costs, plan_budgets
-from quickdraft.models.batched import BatchedTarget, RowBlock
-from quickdraft.models.graphs import StaticBatchForward
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.batched import BatchedTarget, RowBlock
+from quickdraft.runtime.graphs import StaticBatchForward
+from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.verifiers.tree import TokenTree
 
 from conftest import tiny_llama, tiny_text_model
@@ -271,8 +271,8 @@ def test_a_shared_prompt_prefix_is_prefilled_once(model):
 
 
 def test_caches_grow_by_doubling_and_keep_their_contents():
-    from quickdraft.models.batch_cache import BatchKVCache
-    from quickdraft.models.llama_block import KVCache
+    from quickdraft.runtime.batch_cache import BatchKVCache
+    from quickdraft.runtime.llama_block import KVCache
 
     single = KVCache(2, 1, 3, torch.float64, "cpu", capacity=4, limit=20)
     single.ensure(3)
@@ -290,7 +290,7 @@ def test_caches_grow_by_doubling_and_keep_their_contents():
 
 def test_rows_of_very_different_lengths_attend_in_two_groups(model):
     """Short rows read only their own span when one row is much longer: the same logits."""
-    from quickdraft.models.batch_cache import length_groups
+    from quickdraft.runtime.batch_cache import length_groups
 
     assert length_groups([10, 10, 10]) is None  # nothing to save
     assert length_groups([100, 10, 12, 11]) == [([1, 2, 3], 12), ([0], 100)]

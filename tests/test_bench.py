@@ -134,7 +134,7 @@ def test_runner_end_to_end_with_peer(tiny_model_dir, prompt_file, tmp_path):
 
 
 def test_compare_diagnoses_a_mismatch(tiny_model_dir):
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     target = load_model(tiny_model_dir, "float32").model
     ar = {"method": "ar", "run": 0, "question_id": "1", "token_ids": [5, 6, 7], "prompt_ids": [4, 5]}

@@ -8,7 +8,7 @@ import pytest
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.cli import main
-from quickdraft.models.loading import load_model
+from quickdraft.weights.loading import load_model
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import pytest
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.costs import cost_curve
+from quickdraft.costs.cost_curve import best_budget, measure_cost_curve, relative_cost, tree_draft_forwards
 from quickdraft.drafters.suffix import TREE_GAIN, SuffixDrafter
 from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
-from quickdraft.models import cost_curve
-from quickdraft.models.cost_curve import best_budget, measure_cost_curve, relative_cost, tree_draft_forwards
 from quickdraft.options import options_from
 
 from conftest import tiny_llama
@@ -76,7 +76,7 @@ def test_other_drafters_keep_chains_under_auto():
 
 
 def test_measured_curve_has_every_width():
-    from quickdraft.models.runtime import cached_model
+    from quickdraft.runtime.choose import cached_model
 
     target = tiny_llama(vocab=64, layers=1, seed=3)
     curve = measure_cost_curve(cached_model(target.model, 64), widths=(1, 2, 5), context=16, repeats=2)

@@ -10,9 +10,9 @@ import torch
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.common import Generators
-from quickdraft.models.batched import BatchedTarget, RowBlock
-from quickdraft.models.graphs import StaticBatchForward
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.batched import BatchedTarget, RowBlock
+from quickdraft.runtime.graphs import StaticBatchForward
+from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama, tiny_text_model
 
@@ -84,8 +84,8 @@ def test_distill_trains_on_cuda(tmp_path):
     generation included: every step gives a finite loss."""
     from test_distill import _examples
 
-    from quickdraft.distill.student import make_student
-    from quickdraft.distill.trainer import DistillConfig, Distiller
+    from quickdraft.training.student import make_student
+    from quickdraft.training.trainer import DistillConfig, Distiller
 
     target = tiny_llama(vocab=32, layers=3, seed=0)
     student = make_student(target, "truncated:1")
@@ -101,8 +101,8 @@ def test_head_trees_draft_on_cuda():
     """The feature head drafting trees on the GPU, as `train-draft`'s gain table runs it after
     training (a tree level's mask and positions were once built on the CPU: the first GPU run lost
     its trained head to that)."""
-    from quickdraft.distill.decode_eval import decode_eval
-    from quickdraft.distill.train_heads import HeadTrainingConfig, new_module
+    from quickdraft.training.decode_eval import decode_eval
+    from quickdraft.training.train_heads import HeadTrainingConfig, new_module
 
     target = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float32)
     target.model.to("cuda")

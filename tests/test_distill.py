@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.distill import (
+from quickdraft.engine import Engine, EngineConfig
+from quickdraft.errors import QuickdraftError
+from quickdraft.training import (
     DistillConfig,
     Distiller,
     Example,
@@ -26,10 +28,8 @@ from quickdraft.distill import (
     save_delta,
     tvd,
 )
-from quickdraft.distill.data import FixedData, Sampled, collate, encode_chat, first_turn, iter_sharegpt
-from quickdraft.distill.losses import processed_logprobs
-from quickdraft.engine import Engine, EngineConfig
-from quickdraft.errors import QuickdraftError
+from quickdraft.training.data import FixedData, Sampled, collate, encode_chat, first_turn, iter_sharegpt
+from quickdraft.training.losses import processed_logprobs
 
 from conftest import tiny_llama, tiny_text_model
 
@@ -401,7 +401,7 @@ def test_no_shipped_draft_for_other_targets_is_a_clear_error():
 
 
 def test_a_delta_with_a_restricted_head_drafts_only_its_tokens_and_stays_lossless(tmp_path):
-    from quickdraft.distill.student import rank_tokens
+    from quickdraft.training.student import rank_tokens
 
     assert rank_tokens([[5, 5, 3], [3, 7, 5]], always=[9]).tolist() == [9, 5, 3, 7]
     target = tiny_text_model()
@@ -427,8 +427,8 @@ def test_a_delta_with_a_restricted_head_drafts_only_its_tokens_and_stays_lossles
 
 
 def test_agreement_with_a_restricted_head_renormalizes_q_on_the_kept_ids():
-    from quickdraft.distill.evaluate import agreement
-    from quickdraft.distill.trainer import scored_logits
+    from quickdraft.training.evaluate import agreement
+    from quickdraft.training.trainer import scored_logits
 
     torch.manual_seed(0)
     target, draft = tiny_llama(seed=1).model.eval(), tiny_llama(seed=2).model.eval()

@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
-from quickdraft.distill import DistillConfig, Distiller, Example, make_student
-from quickdraft.distill.cache import CachedData, CacheSpec, build_cache, topk_divergence
-from quickdraft.distill.data import Sampled
-from quickdraft.distill.losses import acceptance, make_divergence
-from quickdraft.distill.trainer import scored_logits
 from quickdraft.errors import QuickdraftError
+from quickdraft.training import DistillConfig, Distiller, Example, make_student
+from quickdraft.training.cache import CachedData, CacheSpec, build_cache, topk_divergence
+from quickdraft.training.data import Sampled
+from quickdraft.training.losses import acceptance, make_divergence
+from quickdraft.training.trainer import scored_logits
 
 from conftest import tiny_llama
 
@@ -192,8 +192,8 @@ def test_cli_distill_data_then_train_from_it(tiny_model_dir, tmp_path, capsys):
     assert meta["head_vocab"] == 5
     from safetensors.torch import load_file
 
-    from quickdraft.distill.student import rank_tokens
-    from quickdraft.models.loading import load_model
+    from quickdraft.training.student import rank_tokens
+    from quickdraft.weights.loading import load_model
 
     eos = sorted(load_model(tiny_model_dir, "float32").eos_token_ids)
     cached = CachedData([cache])

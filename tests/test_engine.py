@@ -5,8 +5,8 @@ import torch
 
 from quickdraft import Engine, EngineConfig, QuickdraftError
 from quickdraft.drafters import ModelDrafter, make_drafter
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.loading import check_vocab
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.weights.loading import check_vocab
 
 from conftest import char_tokenizer, noisy_copy, tiny_llama, tiny_text_model
 

@@ -26,9 +26,9 @@ from transformers import (
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.models.families import unsupported_reason
-from quickdraft.models.loading import LoadedModel
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.families import unsupported_reason
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.loading import LoadedModel
 
 SHAPE = dict(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,

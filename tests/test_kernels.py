@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quickdraft.models import kernels, linear
-from quickdraft.models.llama_block import KVCache, rms_norm, rope_tables, rotate
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime import kernels, linear
+from quickdraft.runtime.llama_block import KVCache, rms_norm, rope_tables, rotate
+from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 
@@ -119,7 +119,7 @@ def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypa
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype):
-    from quickdraft.models.quant import w8a8_linear
+    from quickdraft.weights.quant import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)

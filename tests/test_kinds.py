@@ -35,9 +35,9 @@ def test_every_record_is_complete(name):
 
 
 def test_the_surfaces_read_the_records():
-    from quickdraft.distill.train_draft_cli import KINDS as TRAINABLE
     from quickdraft.export import vllm_speculative_config
     from quickdraft.options import OPTIONS
+    from quickdraft.training.train_draft_cli import KINDS as TRAINABLE
 
     assert all(k.usage in OPTIONS["drafter"].help for k in KINDS.values())
     assert set(TRAINABLE) == {k.name for k in KINDS.values() if k.module is not None}
@@ -53,7 +53,7 @@ def test_the_surfaces_read_the_records():
 def test_pearl_refuses_the_kinds_whose_record_reads_the_target():
     from quickdraft.config import SamplingConfig
     from quickdraft.decoding.registry import METHODS, DecodeParts
-    from quickdraft.models.cached_model import CachedModel
+    from quickdraft.runtime.cached_model import CachedModel
 
     target = tiny_text_model(dtype=torch.float64)
     readers = sorted(k.name for k in KINDS.values() if k.reads_target)

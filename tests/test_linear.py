@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quickdraft.models import linear
-from quickdraft.models.linear import Linear, packed_pays
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime import linear
+from quickdraft.runtime.linear import Linear, packed_pays
+from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 

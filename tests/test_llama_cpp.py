@@ -54,7 +54,7 @@ def test_a_missing_extra_is_a_clear_error(monkeypatch, tiny_target):
 @pytest.fixture(scope="module")
 def smollm():
     pytest.importorskip("llama_cpp", reason='the peers extra is not installed (pip install -e ".[peers]")')
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     return load_model(None, "bfloat16")
 

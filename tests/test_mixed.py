@@ -21,8 +21,8 @@ from quickdraft.drafters.suffix import SuffixDrafter, merge_scores, paths_to_tre
 from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.runtime import cached_model
 from quickdraft.options import options_from
+from quickdraft.runtime.choose import cached_model
 
 from conftest import noisy_copy, random_transition, tiny_llama
 

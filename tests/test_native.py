@@ -13,8 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.native_cache import NativeCachedModel
-from quickdraft.models.runtime import cached_model
+from quickdraft.runtime.choose import cached_model
+from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 
@@ -202,7 +202,7 @@ def test_device_cuda_without_cuda_exits_2_with_one_line(tmp_path):
 
 @pytest.mark.real_model
 def test_default_model_native_equals_hf():
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     m = load_model(None, "float64")
     nat = NativeCachedModel(m.model, m.vocab_size)

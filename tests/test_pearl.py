@@ -14,7 +14,7 @@ from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
+from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.verifiers import SpeculativeSampling, make_verifier
 
 from conftest import MarkovModel, noisy_copy, random_transition, tiny_llama

@@ -14,7 +14,7 @@ from quickdraft.decoding.pearl import PearlConfig
 from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.loading import load_model
+from quickdraft.weights.loading import load_model
 
 pytestmark = [
     pytest.mark.slow,

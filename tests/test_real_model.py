@@ -4,7 +4,7 @@ import pytest
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.drafters import make_drafter
-from quickdraft.models.loading import load_model
+from quickdraft.weights.loading import load_model
 
 pytestmark = pytest.mark.real_model
 
@@ -38,7 +38,7 @@ def test_greedy_sd_equals_plain_on_default_model_float32(smollm_fp32, drafter):
 def test_the_shipped_distilled_draft_belongs_to_the_default_target(smollm_fp32):
     import json
 
-    from quickdraft.models.delta import SHIPPED, shipped_delta_dir
+    from quickdraft.weights.delta import SHIPPED, shipped_delta_dir
 
     folder = shipped_delta_dir(smollm_fp32)
     assert folder.parent == SHIPPED

@@ -15,7 +15,6 @@ from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.tree import TreeDecoder
-from quickdraft.distill.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 from quickdraft.drafters import FallbackDrafter, PromptLookupDrafter, ngram_drafter
 from quickdraft.drafters.base import FEATURES
 from quickdraft.drafters.block import BlockDrafterRunner
@@ -24,8 +23,9 @@ from quickdraft.drafters.kangaroo import KangarooDrafter
 from quickdraft.drafters.reuse import HeadLM
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.training.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 from quickdraft.verifiers import make_verifier
 
 from conftest import tiny_llama
@@ -238,7 +238,7 @@ def test_bench_counts_the_drafting_cost(target, trained, kind, tmp_path):
     """The bench's cost model (SWI) sees every reusing drafter's steps at a measured, non-zero cost
     (a Kangaroo drafter is only bound to the target by its first generation)."""
     from quickdraft.bench.methods import QuickdraftMethod, parse_methods
-    from quickdraft.distill.train_draft_cli import export
+    from quickdraft.training.train_draft_cli import export
 
     module, _, _, _ = trained[kind]
     folder = export(tmp_path / kind, module, None, {"target": target.name})
@@ -287,7 +287,7 @@ def test_the_decoder_hands_over_exactly_the_committed_rows(target, tree):
 def test_no_drafter_holds_the_targets_cache_owner(target, trained):
     """Kangaroo drafts with the target's own first layers over the target's cache, through a handle
     on exactly those layers (ShallowPass), never the cache owner itself."""
-    from quickdraft.models.native_cache import ShallowPass
+    from quickdraft.runtime.native_cache import ShallowPass
 
     for kind in ("head", "kangaroo", "specdec"):
         drafter = make_drafter(kind, trained)
@@ -308,11 +308,11 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
     counted (a cheap head: the big tree; a costlier one whose table says width 2: the smaller tree,
     at width 2; one as dear as the target: no speculation); the output stays plain decoding's."""
     from quickdraft import Engine
+    from quickdraft.costs import cost_curve
     from quickdraft.decoding import registry
-    from quickdraft.distill.train_draft_cli import export
     from quickdraft.drafters import tree as tree_module
-    from quickdraft.models import cost_curve
     from quickdraft.options import options_from
+    from quickdraft.training.train_draft_cli import export
 
     gain = {"1": 1.5, "4": 2.0, "8": 2.2}
     wide = export(tmp_path / "wide", trained["head"][0], None, {"target": target.name, "tree_gain": gain})
@@ -343,8 +343,8 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
 
 def test_a_head_without_a_gain_table_keeps_chains(target, trained, tmp_path):
     from quickdraft import Engine
-    from quickdraft.distill.train_draft_cli import export
     from quickdraft.options import options_from
+    from quickdraft.training.train_draft_cli import export
 
     folder = export(tmp_path / "head", trained["head"][0], None, {"target": target.name})
     engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}"}))

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from quickdraft import Engine, EngineConfig
 from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.loading import LoadedModel
+from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.server.app import create_app
+from quickdraft.weights.loading import LoadedModel
 
 from conftest import noisy_copy, tiny_text_model
 

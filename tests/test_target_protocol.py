@@ -13,9 +13,9 @@ from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, 
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.native_cache import NativeCachedModel
-from quickdraft.models.target import Target, load_target
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.target import Target, load_target
 from quickdraft.verifiers import make_verifier
 from quickdraft.verifiers.speculative import SpeculativeSampling
 

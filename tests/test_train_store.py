@@ -18,10 +18,15 @@ import pytest
 import torch
 
 from quickdraft.cli import main
-from quickdraft.distill import train_run
-from quickdraft.distill.decode_eval import GAIN_BUDGETS
-from quickdraft.distill.feature_store import FEATURES, Batch, FeatureStore
-from quickdraft.distill.train_heads import (
+from quickdraft.drafters.feature_head import FeatureHeadDrafter
+from quickdraft.drafters.reuse import HeadLM
+from quickdraft.errors import QuickdraftError
+from quickdraft.runtime.native import NativeLlama
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.training import train_run
+from quickdraft.training.decode_eval import GAIN_BUDGETS
+from quickdraft.training.feature_store import FEATURES, Batch, FeatureStore
+from quickdraft.training.train_heads import (
     HeadTrainingConfig,
     head_steps,
     lr_at,
@@ -30,12 +35,7 @@ from quickdraft.distill.train_heads import (
     target_states_many,
     unrolled_mask,
 )
-from quickdraft.distill.train_log import read_evals
-from quickdraft.drafters.feature_head import FeatureHeadDrafter
-from quickdraft.drafters.reuse import HeadLM
-from quickdraft.errors import QuickdraftError
-from quickdraft.models.native import NativeLlama
-from quickdraft.models.native_cache import NativeCachedModel
+from quickdraft.training.train_log import read_evals
 
 from conftest import tiny_llama, tiny_text_model
 
@@ -135,7 +135,7 @@ def test_unrolled_head_equals_drafting(broken, monkeypatch):
     embed, head = target.model.model.embed_tokens.weight.detach(), target.model.lm_head.weight.detach()
     if broken:
         monkeypatch.setattr(
-            "quickdraft.distill.train_heads.unrolled_mask",
+            "quickdraft.training.train_heads.unrolled_mask",
             lambda n, steps, device=None: torch.ones(steps * n, steps * n, dtype=torch.bool).tril(),
         )
     batch = Batch(torch.tensor([ids]), [len(ids)], [1], feats[None], None)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from quickdraft.models import weight_files
+from quickdraft.weights import weight_files
 
 
 def _tensors():
@@ -62,9 +62,9 @@ def test_a_packed_head_loads_as_its_unpacked_twin(tmp_path):
     """load_draft_head reads a packed module file: equal to loading the dequantized tensors."""
     import json
 
-    from quickdraft.distill.train_heads import HeadTrainingConfig, new_module
     from quickdraft.drafters.kinds import KINDS
     from quickdraft.models.draft_heads import HEAD_META, HEAD_WEIGHTS, config_dict, load_draft_head
+    from quickdraft.training.train_heads import HeadTrainingConfig, new_module
 
     from conftest import tiny_llama
 

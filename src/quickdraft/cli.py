@@ -48,15 +48,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub, _add_model_flags)
 
-    from quickdraft.distill.cli import add_distill_parsers
+    from quickdraft.training.cli import add_distill_parsers
 
     add_distill_parsers(sub, _add_model_flags)
 
-    from quickdraft.distill.train_draft_cli import add_train_draft_parser
+    from quickdraft.training.train_draft_cli import add_train_draft_parser
 
     add_train_draft_parser(sub)
 
-    from quickdraft.distill.datastore_cli import add_datastore_parser
+    from quickdraft.training.datastore_cli import add_datastore_parser
 
     add_datastore_parser(sub)
 
@@ -161,8 +161,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
-    from quickdraft.models import kernels
-    from quickdraft.models.default import NAMED_TARGETS, ensure_default_model, ensure_gguf_file, ensure_named_target
+    from quickdraft.runtime import kernels
+    from quickdraft.weights.default import NAMED_TARGETS, ensure_default_model, ensure_gguf_file, ensure_named_target
 
     if args.target in NAMED_TARGETS:
         print(ensure_named_target(args.target))
@@ -197,12 +197,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
-    from quickdraft.models.default import default_model_dir, ensure_default_model
+    from quickdraft.weights.default import default_model_dir, ensure_default_model
 
     target_dir = args.target or str(default_model_dir())
     stages = parse_drafter_spec(args.drafter)
     if stages[0].kind == "truncated" and len(stages) == 1:
-        from quickdraft.models.loading import load_model, truncated_copy
+        from quickdraft.weights.loading import load_model, truncated_copy
 
         if args.draft_out is None:
             raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.costs.batch_costs import BATCHES, batch_cost_surface, fit_max_batch
 from quickdraft.decoding import Generators
 from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
@@ -19,17 +20,16 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.models.batch_costs import BATCHES, batch_cost_surface, fit_max_batch
-from quickdraft.models.batched import BatchedTarget
-from quickdraft.models.delta import SHIPPED_FOR
-from quickdraft.models.graphs import StaticBatchForward
-from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.models.quant import parse_quantize
-from quickdraft.models.runtime import resolve_device
-from quickdraft.models.target import Target, load_target
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
+from quickdraft.runtime.batched import BatchedTarget
+from quickdraft.runtime.choose import resolve_device
+from quickdraft.runtime.graphs import StaticBatchForward
+from quickdraft.runtime.target import Target, load_target
 from quickdraft.types import GenerationResult
+from quickdraft.weights.delta import SHIPPED_FOR
+from quickdraft.weights.loading import LoadedModel, load_model
+from quickdraft.weights.quant import parse_quantize
 
 
 class Engine:

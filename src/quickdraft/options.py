@@ -24,8 +24,8 @@ from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import DrafterSpec, help_text
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.quant import parse_quantize
-from quickdraft.models.runtime import DEVICES, RUNTIMES, resolve_device
+from quickdraft.runtime.choose import DEVICES, RUNTIMES, resolve_device
+from quickdraft.weights.quant import parse_quantize
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from quickdraft.bench.compare import find_mismatches, load_rows
-    from quickdraft.models.loading import load_model
+    from quickdraft.weights.loading import load_model
 
     rows, summary = load_rows(Path(args.out))
     cfg = summary["config"]
@@ -122,8 +122,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_quality(args: argparse.Namespace) -> int:
     from quickdraft.bench.quality import quality, render
-    from quickdraft.models.loading import load_model
     from quickdraft.prompts import PromptCodec
+    from quickdraft.weights.loading import load_model
 
     cfg = json.loads((Path(args.out) / "results.json").read_text())["config"]
     codec = PromptCodec.for_target(load_model(cfg["target"], cfg["dtype"]))

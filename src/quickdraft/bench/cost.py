@@ -9,7 +9,7 @@ method loses outside the forwards.
 
 from __future__ import annotations
 
-from quickdraft.models.timing import step_seconds
+from quickdraft.costs.timing import step_seconds
 
 
 def components(drafter) -> list:

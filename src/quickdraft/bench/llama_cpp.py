@@ -19,8 +19,8 @@ from pathlib import Path
 
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.default import cache_dir
-from quickdraft.models.loading import LoadedModel
+from quickdraft.weights.default import cache_dir
+from quickdraft.weights.loading import LoadedModel
 
 KEYS = ("quantize", "lookup")
 # llama.cpp's file types (llama.h: LLAMA_FTYPE_MOSTLY_*) for the requantized copies

@@ -25,8 +25,8 @@ from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.loading import LoadedModel
 from quickdraft.options import OPTIONS, option_name, options_from, request_from
+from quickdraft.weights.loading import LoadedModel
 
 PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule"), "llama-cpp": LLAMA_CPP_KEYS}
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}

@@ -19,10 +19,10 @@ from tqdm import tqdm
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
+from quickdraft.costs.host import cpu_fields, cpu_model
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.host import cpu_fields, cpu_model
-from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.prompts import PromptCodec
+from quickdraft.weights.loading import LoadedModel, load_model
 
 QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, pick_token, prefill_step
-from quickdraft.models.target import Target
+from quickdraft.runtime.target import Target
 from quickdraft.types import Round
 
 

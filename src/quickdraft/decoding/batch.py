@@ -33,7 +33,7 @@ from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
 from quickdraft.drafters.base import Drafter
-from quickdraft.models.batched import BatchedTarget, RowBlock
+from quickdraft.runtime.batched import BatchedTarget, RowBlock
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree, follow_greedy, verify_tree_sampling

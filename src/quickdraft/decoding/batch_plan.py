@@ -3,9 +3,9 @@ calibrated by what the rows accept (`BatchPlan`)."""
 
 from __future__ import annotations
 
+from quickdraft.costs.batch_costs import covering_size, plan_budgets
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.models.batch_costs import covering_size, plan_budgets
 
 
 class BatchPlan:

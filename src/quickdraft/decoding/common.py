@@ -21,7 +21,7 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import FEATURES, Drafter, bind_target
-from quickdraft.models.target import Target
+from quickdraft.runtime.target import Target
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.types import Round, TargetOutput
 

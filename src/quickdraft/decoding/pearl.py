@@ -32,7 +32,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.target import Target
+from quickdraft.runtime.target import Target
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier

@@ -15,9 +15,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict, gamma_from_costs
 from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
-from quickdraft.models.timing import step_seconds
 from quickdraft.verifiers.tree import TokenTree
 
 TARGET, DRAFT = 0, 1
@@ -103,7 +103,7 @@ class RemoteDraft(Drafter):
 class _DraftRole:
     def __init__(self, spec: ParallelSpec) -> None:
         from quickdraft.drafters import make_drafter
-        from quickdraft.models.loading import load_model
+        from quickdraft.weights.loading import load_model
 
         self.spec = spec
         self.drafter = make_drafter(spec.drafter, load_model(spec.target, spec.dtype), spec.dtype, spec.runtime)
@@ -144,8 +144,8 @@ class _DraftRole:
 
 class _TargetRole:
     def __init__(self, spec: ParallelSpec) -> None:
-        from quickdraft.models.loading import load_model
-        from quickdraft.models.target import load_target
+        from quickdraft.runtime.target import load_target
+        from quickdraft.weights.loading import load_model
 
         self.spec = spec
         loaded = load_model(spec.target, spec.dtype)

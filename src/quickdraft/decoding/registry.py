@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quickdraft.config import DraftConfig, SamplingConfig
+from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.guard import DraftGuard
@@ -20,8 +21,7 @@ from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_cost
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.target import Target
-from quickdraft.models.timing import step_seconds
+from quickdraft.runtime.target import Target
 from quickdraft.verifiers import make_verifier
 
 
@@ -86,8 +86,8 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     if not parts.target.supports_trees or parts.config.verifier not in (None, "greedy", "speculative"):
         return 0, {"tree_auto_fallback_chain": 1}
     if "tree_budget" not in parts.memo:
-        from quickdraft.models.cost_curve import best_budget, cost_curve, relative_cost, tree_draft_forwards
-        from quickdraft.models.delta import SHIPPED_FOR
+        from quickdraft.costs.cost_curve import best_budget, cost_curve, relative_cost, tree_draft_forwards
+        from quickdraft.weights.delta import SHIPPED_FOR
 
         name = parts.target_name or ""
         curve = cost_curve(

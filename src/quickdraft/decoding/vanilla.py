@@ -29,7 +29,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.target import Target
+from quickdraft.runtime.target import Target
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier

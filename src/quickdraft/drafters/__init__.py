@@ -19,7 +19,7 @@ from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, register,
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter, ngram_drafter, prompt_lookup
 from quickdraft.drafters.spec import parse_drafter_spec
-from quickdraft.models.loading import LoadedModel
+from quickdraft.weights.loading import LoadedModel
 
 register(
     ngram.KIND,

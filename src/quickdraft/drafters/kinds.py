@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.delta import SHIPPED_FOR
+from quickdraft.weights.delta import SHIPPED_FOR
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 

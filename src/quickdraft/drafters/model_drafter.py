@@ -22,11 +22,11 @@ from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg, parse_quant, required_path
 from quickdraft.drafters.tree import model_tree
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import CachedModel
-from quickdraft.models.delta import load_delta, shipped_delta_dir
-from quickdraft.models.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
-from quickdraft.models.runtime import cached_model
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.choose import cached_model
 from quickdraft.verifiers.tree import TokenTree
+from quickdraft.weights.delta import load_delta, shipped_delta_dir
+from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 
 
 class ModelDrafter(Drafter):
@@ -56,7 +56,7 @@ class ModelDrafter(Drafter):
 
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
-        from quickdraft.models.timing import step_seconds
+        from quickdraft.costs.timing import step_seconds
 
         return step_seconds(self.model)
 
@@ -122,8 +122,8 @@ def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str)
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """The target's own weights quantized (int4 by default), run natively with its own cache; in the
     target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
-    from quickdraft.models.quant import check_dtype
-    from quickdraft.models.quantized import quantize_model
+    from quickdraft.weights.quant import check_dtype
+    from quickdraft.weights.quantized import quantize_model
 
     if runtime == "hf":
         raise QuickdraftError(f"drafter {spec}: quantized drafts need the native runtime (not --runtime hf)")

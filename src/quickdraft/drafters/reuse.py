@@ -12,11 +12,11 @@ import torch
 
 from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.cached_model import check_head_ids, scatter_head
 from quickdraft.models.draft_heads import HEAD_META, for_inference, load_draft_head
-from quickdraft.models.linear import Linear, packs
-from quickdraft.models.loading import LoadedModel, resolve_dtype
-from quickdraft.models.native import unsupported_reason
+from quickdraft.runtime.cached_model import check_head_ids, scatter_head
+from quickdraft.runtime.linear import Linear, packs
+from quickdraft.runtime.native import unsupported_reason
+from quickdraft.weights.loading import LoadedModel, resolve_dtype
 
 
 class HeadLM:

@@ -54,7 +54,7 @@ def required_path(kind: str) -> Callable[[str | None], None]:
 
 def parse_quant(arg: str | None):
     """`quant[:MODE]`: the target's own weights quantized (MODE as `--quantize`, default int4)."""
-    from quickdraft.models.quant import parse_quantize
+    from quickdraft.weights.quant import parse_quantize
 
     spec = parse_quantize(arg or "int4")
     if not spec.active:

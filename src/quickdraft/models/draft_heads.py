@@ -26,9 +26,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models import weight_files
-from quickdraft.models.linear import Linear, fuse_rows, packs
-from quickdraft.models.llama_block import Block, KVCache, causal_mask, rope_tables
+from quickdraft.runtime.linear import Linear, fuse_rows, packs
+from quickdraft.runtime.llama_block import Block, KVCache, causal_mask, rope_tables
+from quickdraft.weights import weight_files
 
 HEAD_WEIGHTS = "draft_head.safetensors"
 HEAD_META = "draft_head.json"

@@ -1,0 +1,112 @@
+"""The host's batched verify-cost surface, and what it implies: the draft budget per batch size and
+the default batch size.
+
+A round over B rows with a draft budget k is one batched forward of B x (k + 1) new rows. On a
+host whose wide forwards are nearly free (AVX-512-BF16: 8 rows cost about 1.1 single-row steps)
+speculation pays at small batches; as B grows the forward becomes compute-bound and every draft
+node costs what it is worth, so the budget shrinks and then drops to 0 (vLLM switches speculation
+off past a batch size set by hand, `disable_by_batch_size`; here the switch point is read off the
+measured surface). The surface is measured once per host for the embedded default (cache folder).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from quickdraft.costs.cost_curve import _persisted, host_key, relative_cost
+
+BATCHES = (1, 2, 4, 8, 16)
+WIDTHS = (1, 2, 5, 9, 17)  # budget + 1 for the budgets of the gain tables (1, 4, 8, 16)
+Surface = dict[tuple[int, int], float]
+
+
+def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 200, repeats: int = 3) -> Surface:
+    """{(rows, width): median seconds of a batched forward / that of (1, 1)}, every row after
+    `context` cached tokens. target: a `models.batched.BatchedTarget` with no running rows and
+    max_batch >= max(batches); it has none running afterwards either."""
+    if target.rows:
+        raise ValueError("measure_batch_costs: the batch is running")
+    from quickdraft.runtime.batched import RowBlock
+
+    probe = [3 + i % max(1, target.vocab_size - 3) for i in range(context)]
+    target.prefill(probe, first=True)
+    for _ in range(max(batches)):
+        target.adopt()
+    lengths = list(target.cache.lengths)
+    times: dict[tuple[int, int], list[float]] = {(b, w): [] for b in batches for w in widths}
+    for _ in range(repeats + 1):
+        for b in batches:
+            for w in widths:
+                target.cache.lengths = lengths[:b]  # the first b rows run; nothing is committed
+                start = time.perf_counter()
+                target.forward([RowBlock(probe[:w]) for _ in range(b)])
+                times[(b, w)].append(time.perf_counter() - start)
+    target.cache.lengths = lengths
+    while target.rows:
+        target.remove(target.rows - 1)
+    base = statistics.median(times[(batches[0], widths[0])][1:])  # the first pass warms up
+    return {key: statistics.median(t[1:]) / base for key, t in times.items()}
+
+
+def batch_cost_surface(make_target, model_name: str, dtype: str, persist: bool, weights: str = "none") -> Surface:
+    """The measured surface for this target on this host (memoised; in the cache folder when
+    `persist`); `make_target()` builds the BatchedTarget to measure on, only when it is measured."""
+    return _persisted(
+        host_key(model_name, dtype, weights) + "-batch",
+        persist,
+        lambda: measure_batch_costs(make_target()),
+        lambda s: {f"{b},{w}": round(v, 4) for (b, w), v in s.items()},
+        lambda raw: {tuple(int(x) for x in k.split(",")): float(v) for k, v in raw.items()},
+    )
+
+
+def covering_size(sizes, rows: int) -> int:
+    """The smallest of the measured batch `sizes` that holds `rows` rows, else the largest."""
+    ordered = sorted(sizes)
+    return next((b for b in ordered if b >= rows), ordered[-1])
+
+
+def surface_cost(surface: Surface, rows: int, width: int) -> float:
+    """The surface at (rows, width): at the measured batch size covering `rows` (`covering_size`),
+    linear in width between measured widths (beyond the last: its last slope continued)."""
+    b = covering_size({b for b, _ in surface}, rows)
+    return relative_cost({w: v for (bb, w), v in surface.items() if bb == b}, width)
+
+
+def plan_budgets(surface: Surface, gain: dict[int, float] | None, fixed: int | None = None) -> dict[int, int]:
+    """{batch size: draft budget per row} for each measured batch size: `fixed` when given, else the
+    budget (a key of `gain`, or 0) maximising gain[k] / cost(B, k + 1); 0 where no budget beats
+    plain decoding, or without a gain table."""
+    plan = {}
+    for b in sorted({b for b, _ in surface}):
+        if fixed is not None or not gain:
+            plan[b] = fixed or 0
+            continue
+        best, rate = 0, 1.0 / surface_cost(surface, b, 1)
+        for k, tokens in sorted(gain.items()):
+            r = tokens / surface_cost(surface, b, k + 1)
+            if r > rate * 1.0001:
+                best, rate = k, r
+        plan[b] = best
+    return plan
+
+
+def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float] | None, growth: float = 1.1) -> int:
+    """The default batch size: the largest measured B (from the smallest up) while the aggregate
+    token rate (both at their planned budgets) still grows by `growth` per measured size. Under a
+    load of more requests than rows the others wait, so the batch that makes the most tokens per
+    second also gives the lowest latency; a size that adds little throughput adds only memory."""
+
+    def rate(b: int) -> float:
+        k = plan[b]
+        tokens = gain[k] if gain and k in gain else 1.0
+        return b * tokens / surface_cost(surface, b, k + 1)
+
+    sizes = sorted(plan)
+    chosen = sizes[0]
+    for b in sizes[1:]:
+        if rate(b) < growth * rate(chosen):
+            break
+        chosen = b
+    return chosen

@@ -1,0 +1,152 @@
+"""BatchedTarget: the one owner of the target's batch cache, for sequences decoded together.
+
+A joining sequence is prefilled alone, in chunks, in the single-sequence owner's cache (so a long
+prompt never stalls the running rows for more than one chunk per round) and then copied into the
+next row (`adopt`). Every round, one batched forward runs each row's block (the last committed
+token, then the row's draft nodes, padded to a common width) against that row's own context;
+`commit` keeps each row's accepted positions, `remove` drops a finished row (the last row moves
+into its place, so callers keep their per-row records in the same order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.runtime.batch_cache import BatchKVCache
+from quickdraft.runtime.native_cache import NativeCachedModel
+
+
+@dataclass
+class RowBlock:
+    """One row's new tokens in a batched forward.
+
+    Attributes:
+        tokens: (n,) ids: the last committed token, then the draft nodes.
+        depths: (n,) position offsets from the row's length (None: 0..n-1, a chain).
+        mask: (n, n) bool, which new rows each new row sees (None: causal).
+    """
+
+    tokens: list[int]
+    depths: list[int] | None = None
+    mask: torch.Tensor | None = None
+
+
+class BatchedTarget:
+    """The target's batched forward over `max_batch` rows, and the single-sequence owner that
+    prefills joining sequences.
+
+    Args:
+        single: the target's native cache owner (its weights, LM head and prefill cache).
+        max_batch: the most rows decoded together.
+    """
+
+    def __init__(self, single: NativeCachedModel, max_batch: int) -> None:
+        if not isinstance(single, NativeCachedModel):
+            raise TypeError("batched decoding needs the native runtime for the target")
+        net = single.net
+        self.single, self.net, self.vocab_size = single, net, single.vocab_size
+        self.cache = BatchKVCache(
+            net.num_layers, net.kv_heads, net.head_dim, net.dtype, net.device, max_batch, limit=net.max_length
+        )
+        self.num_forwards = 0
+        self.static = None  # a models.graphs.StaticBatchForward, when the forward is static
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    @property
+    def max_batch(self) -> int:
+        return self.cache.max_batch
+
+    @property
+    def max_length(self) -> int:
+        return self.single.max_length
+
+    def lengths(self) -> list[int]:
+        return list(self.cache.lengths)
+
+    def prefill_start(self, prompt: Sequence[int]) -> int:
+        """Begin prefilling `prompt` in the prefill cache, keeping the longest prefix it shares with
+        what that cache holds (the previous prompt: a chat template's system prompt, say; at most
+        all but the prompt's last token); returns how many tokens were kept (they need no forward)."""
+        held, limit, kept = self.single.tokens, min(len(self.single.tokens), len(prompt) - 1), 0
+        while kept < limit and held[kept] == prompt[kept]:
+            kept += 1
+        self.single.rollback(kept)
+        return kept
+
+    def prefill(self, tokens: Sequence[int], first: bool = False) -> torch.Tensor:
+        """Run a prompt chunk through the prefill cache after what it holds (`first`: from an empty
+        cache); returns the chunk's last (1, V) logits."""
+        if first:
+            self.single.reset()
+        return self.single.extend(tokens, last_only=True)
+
+    @torch.inference_mode()  # the cache may have grown inside a forward: inference tensors
+    def adopt(self) -> int:
+        """Move the prefilled prompt into a new row; returns the row."""
+        return self.cache.adopt(self.single.cache)
+
+    @torch.inference_mode()
+    def forward(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
+        """One forward over every running row's block (one block per row, in row order); returns
+        each row's (n_b, V) logits. With `static` set (models/graphs.py) its static or graphed
+        forward runs it."""
+        if len(blocks) != self.rows:
+            raise ValueError(f"forward: {len(blocks)} blocks for {self.rows} rows")
+        return self.static(blocks) if self.static is not None else self.forward_dynamic(blocks)
+
+    @torch.inference_mode()
+    def forward_dynamic(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
+        """The forward over the running rows only, padded to the widest block, attending over the
+        longest row's span."""
+        width = max(len(b.tokens) for b in blocks)
+        starts = self.cache.begin(width)
+        dev = self.net.device
+        ids, positions, mask, valid = block_inputs(blocks, starts.cpu(), width, self.cache.span)
+        x = self.net.forward_batch(self.cache, ids.to(dev), positions.to(dev), mask)
+        self.num_forwards += 1
+        logits = self.single.logits(x[valid.to(dev)])  # (sum n_b, V)
+        return list(logits.split([len(b.tokens) for b in blocks]))
+
+    @torch.inference_mode()
+    def commit(self, row: int, keep: Sequence[int]) -> None:
+        """Keep offsets `keep` (increasing) of the row's last block as its next positions."""
+        self.cache.commit(row, torch.tensor(list(keep), dtype=torch.long))
+
+    @torch.inference_mode()
+    def remove(self, row: int) -> None:
+        self.cache.remove(row)
+
+    def clear(self) -> None:
+        """Drop every row (after a failed forward: nothing of the batch is trusted)."""
+        self.cache.lengths.clear()
+
+
+def block_inputs(
+    blocks: Sequence[RowBlock], starts: torch.Tensor, width: int, span: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batched forward's inputs (on the CPU) for one block per row, padded to `width`:
+    (B, width) ids, (B, width) positions (starts + depth offsets), (B, width, span) bool mask (each
+    valid row sees its row's context before starts[b] and its block's mask over the new rows; a
+    padding row sees only itself) and (B, width) valid."""
+    b = len(blocks)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    offsets = torch.arange(width).repeat(b, 1)  # padding rows: consecutive positions
+    new = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1)
+    valid = torch.zeros(b, width, dtype=torch.bool)
+    for i, block in enumerate(blocks):
+        n = len(block.tokens)
+        ids[i, :n] = torch.tensor(block.tokens, dtype=torch.long)
+        if block.depths is not None:
+            offsets[i, :n] = torch.tensor(block.depths, dtype=torch.long)
+        new[i, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if block.mask is None else block.mask
+        valid[i, :n] = True
+    mask = (torch.arange(span)[None, None, :] < starts[:, None, None]) & valid[:, :, None]  # the context
+    cols = starts[:, None] + torch.arange(width)  # (B, width): where the new rows land
+    mask.scatter_(2, cols[:, None, :].expand(-1, width, -1), new)
+    return ids, starts[:, None] + offsets, mask, valid

@@ -1,0 +1,55 @@
+"""Choosing the forward that runs a model: the native one where it applies, Hugging Face's otherwise.
+
+    auto    native for supported models (the Llama family), Hugging Face's for the rest (default)
+    native  native, or a clear error naming why the model is not supported
+    hf      always Hugging Face's forward (the reference)
+
+Devices: `resolve_device` turns auto|cpu|cuda into the device models run on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.native import unsupported_reason
+from quickdraft.runtime.native_cache import NativeCachedModel
+
+RUNTIMES = ("auto", "native", "hf")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cached_model(
+    model,
+    vocab_size: int | None = None,
+    head_ids: torch.Tensor | None = None,
+    runtime: str = "auto",
+    linears: Mapping[str, Callable] | None = None,
+):
+    """The cache owner for `model` on the chosen runtime (same verbs either way); `linears` are
+    kernel-form (quantized) linears by parameter name, native runtime only."""
+    if runtime not in RUNTIMES:
+        raise QuickdraftError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    reason = unsupported_reason(model)
+    if runtime == "native" and reason is not None:
+        raise QuickdraftError(f"--runtime native does not support this model: {reason} (use --runtime hf)")
+    if linears and (runtime == "hf" or reason is not None):
+        raise QuickdraftError(f"quantized weights need the native runtime ({reason or '--runtime hf'})")
+    if runtime == "hf" or reason is not None:
+        return CachedModel(model, vocab_size, head_ids)
+    return NativeCachedModel(model, vocab_size, head_ids, linears)
+
+
+def resolve_device(device: str) -> str:
+    """The device models run on: cpu, or cuda (auto: cuda when a CUDA device is present). cuda
+    without a CUDA device is a clear error."""
+    if device not in DEVICES:
+        raise QuickdraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device

@@ -1,0 +1,163 @@
+"""The native runtime's linear layers: `F.linear`, or a pre-packed bf16 kernel where one is faster.
+
+Two packed kernels exist: quickdraft's own (`models/kernels/fused.cpp`: `pack_bf16`/`linear_packed`,
+the weight laid out in 16-output blocks of column pairs for AVX512-BF16's vdpbf16ps, streamed once per
+call whatever the rows, no horizontal sums) and oneDNN's (`mkldnn._linear_pointwise`). Measured on an
+AMD EPYC with AVX-512-BF16 (2 threads; scripts/step_profile.py, docs/benchmarks.md "The step at the
+floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 ms with ours against
+5.8 with oneDNN's at one row (28 against 18 GB/s) and 6.5 against 7.6 ms at 17 rows; the LM head
+1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
+one row. Hosts differ, so the choice is measured once per process on this host, not assumed:
+`packing()` times the candidates on a model-sized weight at 1 and 9 rows;
+`QUICKDRAFT_PACKED_LINEAR=0|1|fused|onednn` forces it (1: the best packed kernel available).
+
+Packed weights are copies made at load time (bf16, inference only): a forward that needs gradients,
+or a dtype other than bf16, uses `F.linear` on the live weight.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.costs.host import median_seconds
+from quickdraft.runtime import kernels
+from quickdraft.weights.quant import concat_rows  # the quantized kinds know their own layout
+
+_CHOICE: dict[tuple, str | None] = {}
+KINDS = ("fused", "onednn")
+
+
+def _supported() -> bool:
+    """oneDNN's bf16 kernels are usable on this CPU."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _available(kind: str) -> bool:
+    return _supported() if kind == "onednn" else kernels.fused_ops() is not None
+
+
+def _pack(weight: torch.Tensor, kind: str = "onednn") -> torch.Tensor:
+    if kind == "fused":
+        return kernels.fused_ops().pack_bf16(weight.detach().contiguous())
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, kind: str = "onednn", out: int = 0) -> torch.Tensor:
+    """x (..., in) through a packed weight of `out` outputs -> (..., out)."""
+    if kind == "fused":
+        return kernels.on_rows(kernels.fused_ops().linear_packed, x, out, packed)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def packing(shape: tuple[int, int] = (1536, 576)) -> str | None:
+    """The packed kernel linears take on this host and thread count: "fused" (ours), "onednn", or None
+    (`F.linear`): the fastest at both 1 and 9 rows on a (out, in) weight of `shape`, if it beats
+    `F.linear` by 10% at both (measured once per process, ~0.2 s)."""
+    forced = os.environ.get("QUICKDRAFT_PACKED_LINEAR")
+    if forced in KINDS:
+        return forced if _available(forced) else None
+    if forced == "0":
+        return None
+    key = (shape, torch.get_num_threads(), forced)
+    if key not in _CHOICE:
+        candidates = [k for k in KINDS if _available(k)]
+        choice = None
+        if forced == "1":
+            choice = candidates[0] if candidates else None
+        elif candidates:
+            try:
+                with torch.inference_mode():
+                    w = torch.randn(shape, dtype=torch.bfloat16)
+                    xs = [torch.randn(rows, shape[1], dtype=torch.bfloat16) for rows in (1, 9)]
+                    plain = [median_seconds(lambda x=x: F.linear(x, w)) for x in xs]
+                    best = None
+                    for kind in candidates:
+                        packed = _pack(w, kind)
+                        t = [median_seconds(lambda x=x, p=packed, k=kind: _packed_call(x, p, k, shape[0])) for x in xs]
+                        if all(a < 0.9 * b for a, b in zip(t, plain, strict=True)) and (best is None or sum(t) < best):
+                            choice, best = kind, sum(t)
+            except (AttributeError, RuntimeError):
+                choice = None
+        _CHOICE[key] = choice
+    return _CHOICE[key]
+
+
+def packed_pays(shape: tuple[int, int] = (1536, 576)) -> bool:
+    """Whether a packed kernel beats `F.linear` here (`packing` is not None)."""
+    return packing(shape) is not None
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether linears over `weight` take a packed kernel here: a bf16 CPU weight on a host and
+    thread count where one measures faster (`packing`; other dtypes never measure)."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packed_pays()
+
+
+def _inference(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad)
+
+
+class Linear:
+    """y = x W^T for a (out, in) weight, packed for this host's packed kernel when `pack` (bf16 CPU
+    weights only).
+
+    Args:
+        weight: the live (out, in) weight (read in place by the unpacked path).
+        pack: make a packed copy now (the caller decided with `packs`).
+    """
+
+    __slots__ = ("weight", "packed", "kind")
+
+    def __init__(self, weight: torch.Tensor, pack: bool = False) -> None:
+        self.weight = weight
+        usable = pack and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+        self.kind = packing() if usable else None
+        self.packed = _pack(weight, self.kind) if self.kind is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, in) -> (n, out)."""
+        if self.packed is not None and _inference(x):
+            return _packed_call(x, self.packed, self.kind, self.weight.shape[0])
+        return F.linear(x, self.weight)
+
+
+class PackedRows:
+    """Packed bf16 linears reading one input, as one packed weight over their concatenated rows; a
+    forward that is not bf16 inference calls the parts (no unpacked copy is kept)."""
+
+    __slots__ = ("parts", "packed", "kind", "out")
+
+    def __init__(self, parts: list[Linear]) -> None:
+        self.parts, self.kind = parts, parts[0].kind
+        rows = torch.cat([p.weight for p in parts])
+        self.out = rows.shape[0]
+        self.packed = _pack(rows, self.kind)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, in) -> (n, sum of the parts' out)."""
+        if _inference(x):
+            return _packed_call(x, self.packed, self.kind, self.out)
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def fuse_rows(parts: list) -> list:
+    """Linears reading the same input, as one kernel call where their kinds allow (q, k, v; gate, up):
+    packed bf16 Linears, Int8Linears or Int4Linears (one group size) over the concatenated output rows
+    (rows are independent: the result is the parts' outputs side by side). Returns [fused] or the parts."""
+    if all(isinstance(p, Linear) and p.packed is not None for p in parts) and len({p.kind for p in parts}) == 1:
+        return [PackedRows(list(parts))]
+    fused = concat_rows(list(parts))
+    return list(parts) if fused is None else [fused]
+
+
+def apply_rows(parts: list, sizes: list[int], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of `fuse_rows`'s result on x: (n, sizes[i]) each."""
+    if len(parts) == 1:
+        return list(parts[0](x).split(sizes, dim=-1))
+    return [p(x) for p in parts]

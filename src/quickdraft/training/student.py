@@ -1,0 +1,136 @@
+"""Draft models to distil, and the compact "delta" form in which a distilled draft ships.
+
+A student starts either from a truncated copy of the target (``truncated:N``: its first N layers,
+final norm and the tied embedding/LM head, which stay frozen) or from a small config of the
+target's architecture and vocabulary (``small:layers=N,hidden=H,intermediate=I,heads=A,kv_heads=K``,
+randomly initialised, everything trained).
+
+A distilled truncated student is shipped as a delta (`save_delta`; the format and its reader,
+`load_delta`, live in `models/delta.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.weights.delta import DELTA_HEAD, DELTA_META, DELTA_WEIGHTS
+from quickdraft.weights.loading import LoadedModel, truncated_copy
+
+
+@dataclass
+class Student:
+    """The draft being trained and which of its tensors train."""
+
+    loaded: LoadedModel
+    init: str
+    trainable: list[str]
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+
+def _parse_kv(spec: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, spec.split(",")):
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise QuickdraftError(f"bad student option {part!r}: expected key=integer") from None
+    return out
+
+
+def make_student(target: LoadedModel, init: str, dtype: torch.dtype = torch.float32) -> Student:
+    """Build a trainable draft for `target` from an init spec (see module docstring)."""
+    kind, _, arg = init.partition(":")
+    if kind == "truncated":
+        try:
+            n = int(arg)
+        except ValueError:
+            raise QuickdraftError(f"truncated student needs a layer count, e.g. truncated:2, got {init!r}") from None
+        loaded = truncated_copy(target, n)
+        model = loaded.model.to(dtype)
+        emb = model.get_input_embeddings().weight
+        out = model.get_output_embeddings().weight
+        emb.requires_grad_(False)
+        out.requires_grad_(False)
+    elif kind == "small":
+        opts = _parse_kv(arg)
+        known = {"layers", "hidden", "intermediate", "heads", "kv_heads"}
+        if set(opts) - known:
+            raise QuickdraftError(f"unknown small-student options {sorted(set(opts) - known)}; use {sorted(known)}")
+        config = copy.deepcopy(target.model.config)
+        config.num_hidden_layers = opts.get("layers", 2)
+        config.hidden_size = opts.get("hidden", 256)
+        config.intermediate_size = opts.get("intermediate", 4 * config.hidden_size)
+        config.num_attention_heads = opts.get("heads", 4)
+        config.num_key_value_heads = opts.get("kv_heads", config.num_attention_heads)
+        config.head_dim = config.hidden_size // config.num_attention_heads
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[: config.num_hidden_layers]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.generation_config = target.model.generation_config
+        loaded = LoadedModel(model=model, tokenizer=target.tokenizer, name=f"{target.name}:small")
+    else:
+        raise QuickdraftError(f"unknown student init {init!r}; use truncated:N or small:layers=N,hidden=H,...")
+    loaded.model.train()
+    if hasattr(loaded.model.config, "use_cache"):
+        loaded.model.config.use_cache = True
+    names = [n for n, p in loaded.model.named_parameters() if p.requires_grad]
+    return Student(loaded=loaded, init=init, trainable=names)
+
+
+def rank_tokens(responses: Iterable[Sequence[int]], always: Iterable[int] = ()) -> torch.Tensor:
+    """Token ids by decreasing frequency in `responses` (ties: lower id first), `always` ids first: (n,)."""
+    counts = Counter(t for r in responses for t in r)
+    first = list(dict.fromkeys(int(t) for t in always))
+    rest = sorted((t for t in counts if t not in set(first)), key=lambda t: (-counts[t], t))
+    return torch.tensor(first + rest, dtype=torch.long)
+
+
+def save_delta(
+    student: Student,
+    folder: Path,
+    meta: dict,
+    dtype: torch.dtype = torch.bfloat16,
+    head_ids: torch.Tensor | None = None,
+) -> Path:
+    """Write the trained tensors of a truncated student (+ meta) to `folder`; returns the folder.
+
+    head_ids: (K,) token ids the draft's LM head is restricted to at inference (None: all); the
+    training is unchanged, only drafting uses the K rows (see CachedModel).
+    """
+    if not student.init.startswith("truncated:"):
+        raise QuickdraftError("only truncated students ship as a delta; save a small student as a full folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    params = dict(student.model.named_parameters())
+    tensors = {n: params[n].detach().to(dtype).contiguous() for n in student.trainable}
+    save_file(tensors, str(folder / DELTA_WEIGHTS))
+    cfg = student.model.config
+    full = {
+        "init": student.init,
+        "num_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(student.model.get_output_embeddings().weight.shape[0]),
+        "model_type": cfg.model_type,
+        **meta,
+    }
+    if head_ids is not None:
+        save_file({"head_ids": head_ids.to(torch.int64).contiguous()}, str(folder / DELTA_HEAD))
+        full["head_vocab"] = int(head_ids.numel())
+    else:
+        (folder / DELTA_HEAD).unlink(missing_ok=True)
+    (folder / DELTA_META).write_text(json.dumps(full, indent=2) + "\n")
+    return folder

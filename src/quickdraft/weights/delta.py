@@ -1,0 +1,73 @@
+"""The compact "delta" format a distilled draft ships in, and where shipped drafts live.
+
+A distilled truncated draft is stored as only its trained tensors (`draft_delta.safetensors`), an
+optional restricted-head id list (`head_ids.safetensors`) and a JSON naming the target it belongs to
+(`distilled.json`); `load_delta` rebuilds the full draft from the target. Training writes it
+(`distill/student.py`); inference only reads it, so inference never imports training code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.weights import weight_files
+from quickdraft.weights.loading import LoadedModel, truncated_copy
+
+DELTA_WEIGHTS = "draft_delta.safetensors"
+DELTA_META = "distilled.json"
+DELTA_HEAD = "head_ids.safetensors"
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "distilled"
+SHIPPED_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
+
+
+def shipped_delta_dir(target: LoadedModel) -> Path:
+    """The delta folder shipped with the package for `target` (only the embedded default has one)."""
+    key = SHIPPED_FOR.get(target.name)
+    if key is None or not (SHIPPED / key / DELTA_META).is_file():
+        raise QuickdraftError(
+            f"no distilled draft ships for target {target.name!r}; train one with `quickdraft distill` "
+            "and pass --drafter distilled:RUN/delta"
+        )
+    return SHIPPED / key
+
+
+def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """Rebuild a distilled truncated draft for `target` from a delta folder (default: the target's dtype)."""
+    meta_path = folder / DELTA_META
+    if not meta_path.is_file() or not (folder / DELTA_WEIGHTS).is_file():
+        raise QuickdraftError(f"{folder} holds no distilled draft ({DELTA_META} + {DELTA_WEIGHTS})")
+    meta = json.loads(meta_path.read_text())
+    cfg = target.model.config
+    mine = {
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": target.output_vocab_size,
+        "model_type": cfg.model_type,
+    }
+    wrong = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
+    if wrong:
+        raise QuickdraftError(
+            f"the distilled draft in {folder} was trained for another target "
+            f"({', '.join(f'{k}: draft {a} vs target {b}' for k, (a, b) in wrong.items())})"
+        )
+    draft = truncated_copy(target, int(meta["num_layers"]), dtype)
+    tensors = weight_files.read(folder / DELTA_WEIGHTS)  # bfloat16, or packed int8/int4 (the shipped one)
+    own = dict(draft.model.named_parameters())
+    missing = [n for n in tensors if n not in own]
+    if missing:
+        raise QuickdraftError(f"distilled draft has tensors the model lacks: {missing[:3]}")
+    with torch.no_grad():
+        for n, t in tensors.items():
+            if own[n].shape != t.shape:
+                raise QuickdraftError(
+                    f"distilled tensor {n} has shape {tuple(t.shape)}, expected {tuple(own[n].shape)}"
+                )
+            own[n].copy_(t.to(own[n].dtype))
+    draft.name = f"distilled[{folder.name}]"
+    if (folder / DELTA_HEAD).is_file():
+        draft.head_ids = load_file(str(folder / DELTA_HEAD))["head_ids"].long()
+    return draft

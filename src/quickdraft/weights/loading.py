@@ -1,0 +1,152 @@
+"""Load Hugging Face causal LMs (and tokenizers) from local folders; check draft/target vocabularies.
+
+Nothing here downloads: HF_HUB_OFFLINE is forced on. "default" (or None) names the embedded
+SmolLM2-135M-Instruct, "gemma3-270m" Gemma 3 270M (an optional extra), "FILE.gguf" a GGUF file; each
+is converted once by `models.default`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from quickdraft.config import DTYPES  # noqa: E402
+from quickdraft.errors import QuickdraftError  # noqa: E402
+from quickdraft.weights.default import (  # noqa: E402
+    DEFAULT_MODEL_NAME,
+    NAMED_TARGETS,
+    default_gguf,
+    ensure_default_model,
+    ensure_gguf_file,
+    ensure_named_target,
+    named_gguf,
+)
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer (None for in-process test models) and a display name.
+
+    `head_ids` (K,) restricts a draft's LM head to K token ids (see CachedModel); None = all.
+    `source` is the folder it was loaded from (where quantization reads float32 weights) and `gguf`
+    the GGUF file that folder was converted from (the embedded default), if any.
+    """
+
+    model: PreTrainedModel
+    tokenizer: object | None
+    name: str
+    head_ids: torch.Tensor | None = None
+    source: Path | None = None
+    gguf: Path | None = None
+
+    @property
+    def output_vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def vocab_size(self) -> int:
+        """The real vocabulary: the tokenizer's, else the model's output width."""
+        return len(self.tokenizer) if self.tokenizer is not None else self.output_vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids: set[int] = set()
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return tuple(sorted(ids))
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise QuickdraftError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
+    """Load a local HF causal-LM folder (or "default") in `dtype` on CPU, in eval mode."""
+    torch_dtype = resolve_dtype(dtype)
+    hf_logging.disable_progress_bar()  # our own CLI output stays readable
+    gguf = None
+    if path in (None, "default", DEFAULT_MODEL_NAME):
+        folder, name, gguf = ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
+    elif path in NAMED_TARGETS:  # e.g. gemma3-270m: a GGUF shipped by an optional package
+        folder, name, gguf = ensure_named_target(path), NAMED_TARGETS[path].name, named_gguf(path)
+    elif str(path).endswith(".gguf"):
+        gguf = Path(path).expanduser()
+        folder, name = ensure_gguf_file(gguf), gguf.stem
+    else:
+        folder, name = Path(path).expanduser(), str(path)
+        if not folder.is_dir():
+            raise QuickdraftError(f"model folder not found: {path}")
+        if not (folder / "config.json").is_file():
+            raise QuickdraftError(f"{path} is not a Hugging Face model folder (no config.json)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise QuickdraftError(f"cannot load a causal LM from {path}: {str(exc).splitlines()[0]}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        tokenizer = None
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=folder, gguf=gguf)
+
+
+def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | None = None) -> LoadedModel:
+    """A draft made of the target's first `num_layers` decoder layers + final norm + LM head.
+
+    A real-weights stand-in for a draft model (the weights are copied, the target is untouched),
+    in `dtype` (default: the target's).
+    """
+    total = int(target.model.config.num_hidden_layers)
+    if not 1 <= num_layers < total:
+        raise QuickdraftError(f"truncated draft needs 1 <= layers < {total}, got {num_layers}")
+    config = copy.deepcopy(target.model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    draft = AutoModelForCausalLM.from_config(config, dtype=dtype or target.model.dtype)
+    missing, _ = draft.load_state_dict(target.model.state_dict(), strict=False)
+    if [m for m in missing if "rotary" not in m]:
+        raise QuickdraftError(f"truncated copy is missing weights: {missing[:3]}")
+    draft.generation_config = target.model.generation_config
+    return LoadedModel(model=draft.eval(), tokenizer=target.tokenizer, name=f"{target.name}[:{num_layers}]")
+
+
+def check_vocab(target: LoadedModel, draft: LoadedModel) -> int:
+    """Return the shared vocabulary size, or raise if draft and target cannot be paired.
+
+    Tokenizers (when both have one) must map the same strings to the same ids; model output widths
+    may differ by a padded tail but must cover the shared vocabulary.
+    """
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+        if tv != dv:
+            diff = next((t for t in tv if dv.get(t) != tv[t]), None) or next(t for t in dv if t not in tv)
+            raise QuickdraftError(
+                f"draft {draft.name} and target {target.name} do not share a vocabulary "
+                f"({len(dv)} vs {len(tv)} tokens; first difference: {diff!r})"
+            )
+        vocab = target.vocab_size
+    elif target.output_vocab_size != draft.output_vocab_size:
+        raise QuickdraftError(
+            f"draft {draft.name} has {draft.output_vocab_size} output tokens, target {target.name} has "
+            f"{target.output_vocab_size}; without tokenizers to compare they must be equal"
+        )
+    else:
+        vocab = target.output_vocab_size
+    for m in (target, draft):
+        if m.output_vocab_size < vocab:
+            raise QuickdraftError(
+                f"{m.name} has {m.output_vocab_size} output tokens, fewer than the vocabulary ({vocab})"
+            )
+    return vocab

@@ -1,0 +1,146 @@
+"""Quantize a loaded model's linears for the native runtime: `--quantize int8|int4[:G]|gguf`.
+
+Sources, best first: the model's own weights when it runs in float32/float64; else the checkpoint's
+float32 tensors read from its folder (the embedded default's folder holds the GGUF's exact
+dequantized values); a checkpoint stored in bf16 has nothing finer, and the report says so. `gguf`
+reads the GGUF file the model came from (models/gguf_weights.py). The embedding table, norms and
+RoPE stay as loaded (a lookup, not a matmul).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.weights.gguf_weights import gguf_linears
+from quickdraft.weights.loading import LoadedModel
+from quickdraft.weights.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
+
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+# The LM head is the sensitive linear. Teacher-forced greedy agreement with the bf16 target over 6
+# Spec-Bench prompts x 96 tokens (Xeon AVX-512-BF16, 2 threads; docs/benchmarks.md, "Weight-only int8
+# and int4"): int4 layers with an int4 head 0.884 (12.0 ms a step), with a bf16 head 0.981 (13.0 ms),
+# with an int8 head 0.981 (12.3 ms). So int4 keeps an int8 head, and the GGUF's Q8_0 head becomes int8.
+GGUF_Q8 = "int8"
+INT4_HEAD = "int8"
+
+
+@dataclass
+class Quantized:
+    """Kernel-form linears by parameter name, and where they came from."""
+
+    spec: QuantSpec
+    linears: dict[str, object] = field(default_factory=dict)
+    source: str = ""
+    seconds: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(lin, "nbytes", 0) for lin in self.linears.values())
+
+    def describe(self) -> str:
+        return (
+            f"{self.spec} weights ({len(self.linears)} linears, {self.nbytes / 2**20:.0f} MiB, from {self.source}, "
+            f"built in {self.seconds:.1f} s)"
+        )
+
+
+def linear_names(config) -> list[str]:
+    """Every quantizable linear's parameter name, LM head last."""
+    layers = int(config.num_hidden_layers)
+    return [f"model.layers.{i}.{lin}.weight" for i in range(layers) for lin in LINEARS] + ["lm_head.weight"]
+
+
+def _checkpoint_reader(folder: Path | None):
+    """(name -> float32 tensor or None, the stored dtype of the LM head ("F32", "BF16", ...)) for a
+    folder's safetensors, or None without files. Dtypes come from the headers: nothing is read twice."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
+    if not files:
+        return None
+    where: dict[str, tuple[Path, str]] = {}
+    for f in files:
+        with safe_open(f, framework="pt") as reader:
+            where.update({name: (f, reader.get_slice(name).get_dtype()) for name in reader.keys()})  # noqa: SIM118
+
+    def stored(name: str) -> str:
+        return "model.embed_tokens.weight" if name == "lm_head.weight" and name not in where else name  # tied
+
+    def read(name: str) -> torch.Tensor | None:
+        name = stored(name)
+        if name not in where:
+            return None
+        with safe_open(where[name][0], framework="pt") as reader:
+            return reader.get_tensor(name).float()
+
+    head = where.get(stored("lm_head.weight"))
+    return read, None if head is None else head[1]
+
+
+def _float32_source(loaded: LoadedModel):
+    """(name -> float32 weight, a description of the source)."""
+    params = dict(loaded.model.named_parameters())
+    params.setdefault("lm_head.weight", loaded.model.get_output_embeddings().weight)
+    if loaded.model.dtype in (torch.float32, torch.float64):
+        return (lambda name: params[name].detach().float()), f"the model's {loaded.model.dtype} weights"
+    checkpoint = _checkpoint_reader(loaded.source)
+    if checkpoint is not None and checkpoint[1] in ("F32", "F64"):
+        read = checkpoint[0]
+
+        def weight(name: str) -> torch.Tensor:
+            found = read(name)
+            return params[name].detach().float() if found is None else found
+
+        return (
+            weight,
+            f"the torch.{ {'F32': 'float32', 'F64': 'float64'}[checkpoint[1]] } checkpoint in {loaded.source}",
+        )
+    return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
+
+
+def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
+    """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's).
+
+    Raises QuickdraftError (one line) for a dtype the kernels lack, dims the groups do not divide, or
+    `gguf` on a model that did not come from a GGUF file.
+    """
+    spec = parse_quantize(spec) if isinstance(spec, str) else spec
+    if spec.active:
+        check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
+    start = time.perf_counter()
+    config = loaded.model.config
+    if spec.mode == "gguf":
+        if loaded.gguf is None:
+            raise QuickdraftError(
+                f"--quantize gguf: {loaded.name} was not loaded from a GGUF file (the embedded default is); "
+                "use --quantize int4 or int8"
+            )
+        linears, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
+        counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+        source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
+    elif spec.active:
+        weight, source = _float32_source(loaded)
+        head = parse_quantize(INT4_HEAD) if spec.mode == "int4" else spec
+        linears = {}
+        for name in linear_names(config):
+            form = head if name == "lm_head.weight" else spec
+            try:
+                linears[name] = quantize_weight(weight(name), form)
+            except QuickdraftError as exc:
+                raise QuickdraftError(f"--quantize {spec}: {name}: {exc}") from None
+    else:
+        linears, source = {}, "no quantization"
+    return Quantized(spec, linears, source, time.perf_counter() - start)
