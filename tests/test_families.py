@@ -26,6 +26,7 @@ from transformers import (
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.options import options_from
 from quickdraft.runtime.families import unsupported_reason
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.weights.loading import LoadedModel
@@ -63,6 +64,18 @@ FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=8)),  # q/k norms
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=WINDOW, head_dim=8)),
     "phi3": (Phi3Config, Phi3ForCausalLM, dict()),  # fused q/k/v and gate/up
+    "gemma2": (  # soft-capped attention scores and final logits, alternating sliding layers
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        dict(
+            head_dim=8,
+            query_pre_attn_scalar=12,
+            sliding_window=WINDOW,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),  # fmt: skip
+    ),
     "gemma3": (
         Gemma3TextConfig,
         Gemma3ForCausalLM,
@@ -123,7 +136,10 @@ def test_native_forward_equals_hugging_face(name):
 @pytest.mark.parametrize("drafter", ["suffix:none", "ngram", "truncated:1"])
 def test_speculative_decoding_through_the_native_forward_equals_plain(name, drafter):
     target = family_model(name, seed=1)
-    sd = Engine(target, EngineConfig(method="sd", drafter=drafter, runtime="native"))
+    config = options_from(
+        {"method": "sd", "drafter": drafter, "draft_length": 3, "runtime": "native"}
+    )  # no auto sizing
+    sd = Engine(target, config)
     ar = Engine(target, EngineConfig(method="ar", runtime="hf"))
     assert type(sd.target).__name__ == "NativeCachedModel"
     drafted = 0
@@ -135,12 +151,16 @@ def test_speculative_decoding_through_the_native_forward_equals_plain(name, draf
     assert drafted > 0  # speculation happened
 
 
-def test_soft_capping_falls_back_with_a_reason():
-    """Gemma 2's attention soft-capping cannot run through SDPA: Hugging Face's forward runs, and the
-    runtime says why in one line."""
+def test_an_architecture_the_block_cannot_express_falls_back_with_a_reason():
+    """Phi-3's longrope changes its frequencies with the sequence length: Hugging Face's forward runs,
+    and the runtime says why in one line."""
     torch.manual_seed(0)
-    model = Gemma2ForCausalLM(Gemma2Config(**{**SHAPE, "head_dim": 8})).eval()
+    rope = dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+        original_max_position_embeddings=16,
+    )  # fmt: skip
+    model = Phi3ForCausalLM(Phi3Config(**{**SHAPE, "max_position_embeddings": 64, "rope_parameters": rope})).eval()
     reason = unsupported_reason(model)
-    assert reason is not None and "softcapping" in reason.replace(" ", "").replace("soft-capping", "softcapping")
-    engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-gemma2"), EngineConfig(method="ar"))
+    assert reason is not None and "longrope" in reason and "\n" not in reason
+    engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-phi3-longrope"), EngineConfig(method="ar"))
     assert type(engine.target).__name__ == "CachedModel"

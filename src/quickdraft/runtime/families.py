@@ -5,11 +5,13 @@ Each family is a `BlockStyle` (how its norms and MLP differ from Llama's) plus w
 reads off the Hugging Face model itself: q/k norms (Qwen3, Gemma 3), the sandwich norms around
 attention and MLP (Gemma 2/3), q/k/v biases (Qwen2), fused q/k/v and gate/up projections (Phi-3),
 the embedding scale (Gemma), the attention scale (`query_pre_attn_scalar`), RoPE tables per layer
-type (Gemma 3's local and global bases) and sliding-window layers (Mistral, Gemma 2/3, Qwen2 when
-it enables them). RoPE scaling that is fixed per model (linear, llama3, yarn: Hugging Face's
-rotary module already holds the scaled frequencies and attention factor) runs as the default does;
-scaling that changes with the sequence (dynamic, Phi-3's longrope) and soft-capping do not, and
-`unsupported_reason` says so in one line (the runtime then runs Hugging Face's forward).
+type (Gemma 3's local and global bases), sliding-window layers (Mistral, Gemma 2/3, Qwen2 when
+it enables them) and Gemma 2's soft-capping (scores capped in an explicit attention product, since
+SDPA cannot cap them; final logits capped after the LM head). RoPE scaling that is fixed per model
+(linear, llama3, yarn: Hugging Face's rotary module already holds the scaled frequencies and
+attention factor) runs as the default does; scaling that changes with the sequence (dynamic,
+Phi-3's longrope) does not, and `unsupported_reason` says so in one line (the runtime then runs
+Hugging Face's forward).
 """
 
 from __future__ import annotations
@@ -49,9 +51,6 @@ def unsupported_reason(model) -> str | None:
     for rope in _ropes(cfg):
         if rope.get("rope_type", "default") not in FIXED_ROPE:
             return f"RoPE scaling {rope.get('rope_type')!r} (native: {', '.join(FIXED_ROPE)})"
-    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if getattr(cfg, name, None):
-            return f"{name.replace('_', ' ')} (SDPA cannot cap scores; Hugging Face's eager attention runs)"
     if getattr(cfg, "pretraining_tp", 1) != 1:
         return "pretraining_tp > 1"
     act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
@@ -90,7 +89,11 @@ def describe(model) -> tuple[BlockStyle, list[LayerParts], torch.Tensor | None]:
     parts = []
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
-        extras: dict = {"style": style, "q_scale": q_scale}
+        extras: dict = {
+            "style": style,
+            "q_scale": q_scale,
+            "attn_softcap": getattr(cfg, "attn_logit_softcapping", None),
+        }
         if getattr(attn, "q_norm", None) is not None:
             extras.update(q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight)
         if (

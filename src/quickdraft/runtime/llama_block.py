@@ -193,12 +193,15 @@ class Block:
     post_mlp_norm: torch.Tensor | None = None
     qkv_bias: torch.Tensor | None = None  # ((heads + 2 kv_heads) d,) added to the q/k/v projections (Qwen2)
     q_scale: float = 1.0  # queries times this: an attention scale other than 1/sqrt(d) (query_pre_attn_scalar)
+    attn_softcap: float | None = None  # scores capped to (-c, c) by c * tanh(s / c) (Gemma 2): no SDPA then
 
     @property
     def plain(self) -> bool:
         """A Llama block (what the fused kernels compute)."""
         extras = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm, self.qkv_bias)
-        return self.style == LLAMA and self.q_scale == 1.0 and all(e is None for e in extras)
+        return (
+            self.style == LLAMA and self.q_scale == 1.0 and self.attn_softcap is None and all(e is None for e in extras)
+        )
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (gemma_norm if self.style.norm == "gemma" else rms_norm)(x, weight, self.eps)
@@ -240,7 +243,12 @@ class Block:
         if self.q_scale != 1.0:
             q = q * self.q_scale
         k, v = qk[..., self.heads :, :].transpose(-3, -2), y[..., qk_heads:, :].transpose(-3, -2)
-        if cache is None:
+        if self.attn_softcap is not None:  # capped scores: the explicit product, as Hugging Face's eager path
+            if cache is not None and type(cache) is not KVCache:
+                raise ValueError("attention soft-capping in a batch: run requests one at a time")
+            keys, values = (k, v) if cache is None else cache.write(layer, at, k, v)
+            out = capped_attention(q, keys, values, mask, self.attn_softcap)
+        elif cache is None:
             causal = mask is None and q.shape[-2] > 1
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         else:  # the cache stores the new keys and values and reads its own (batch_cache: by row groups)
@@ -312,6 +320,24 @@ class Block:
             gate, up = apply_rows(self.gate_up, self.gate_up_sizes, h)
             m = F.silu(gate) * up
         return x + self.down(m)
+
+
+def capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, cap: float
+) -> torch.Tensor:
+    """Attention with soft-capped scores (Gemma 2): ([B,] heads, T, d) queries over ([B,] kv_heads, S, d)
+    keys and values; `mask` (T, S) or broadcastable bool (None: causal when T == S > 1, else all).
+    Scores c * tanh(q.k / sqrt(d) / c), softmax in float32 as Hugging Face's eager attention."""
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.to(q.dtype).repeat_interleave(group, dim=-3), v.to(q.dtype).repeat_interleave(group, dim=-3)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = torch.tanh(scores / cap) * cap
+    t, s = q.shape[-2], k.shape[-2]
+    if mask is None and t > 1:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def causal_mask(t: int, at: int, device) -> torch.Tensor:

@@ -98,6 +98,7 @@ class NativeLlama:
         if given:
             raise ValueError(f"NativeLlama: no linear named {sorted(given)[0]!r} in this model")
         self.norm = inner.norm.weight
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)  # logits c * tanh(z / c) (Gemma 2)
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
         self.inv_freq, self.rope_scale = next(iter(self.ropes.values()))  # the (first) table, for draft modules

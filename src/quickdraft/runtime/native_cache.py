@@ -115,6 +115,9 @@ class NativeCachedModel(TokenCacheVerbs):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) final-normed states -> (n, V) logits (-inf off a restricted head's ids)."""
         sub = self.head_linear(hidden)
+        cap = self.net.final_softcap
+        if cap:
+            sub = torch.tanh(sub / cap) * cap
         return sub if self.head_ids is None else scatter_head(sub, self.head_ids, self.vocab_size)
 
     def extend(
