@@ -164,3 +164,18 @@ def test_an_architecture_the_block_cannot_express_falls_back_with_a_reason():
     assert reason is not None and "longrope" in reason and "\n" not in reason
     engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-phi3-longrope"), EngineConfig(method="ar"))
     assert type(engine.target).__name__ == "CachedModel"
+
+
+@pytest.mark.parametrize("name,batches", [("gemma3", False), ("gemma2", False), ("mistral", False), ("qwen3", True)])
+def test_windowed_and_capped_families_decode_one_sequence_at_a_time(name, batches):
+    """The batched forward keeps no sliding window and caps no scores: those families say so, and a
+    list of prompts runs one after another, with the same outputs as one at a time."""
+    engine = Engine(family_model(name, seed=2), EngineConfig(method="ar"))
+    reason = engine.batch_unsupported()
+    assert (reason is None) == batches
+    if not batches:
+        assert "one sequence at a time" in reason
+    prompts = [[5, 6, 7], [9, 9, 9, 9]]
+    together = engine.generate(prompts, max_new_tokens=12)
+    alone = [engine.generate(p, max_new_tokens=12) for p in prompts]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
