@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.runtime.llama_block import LLAMA, BlockStyle
+from quickdraft.runtime.block_parts import LLAMA, BlockStyle
 
 FAMILIES: dict[str, BlockStyle] = {
     "llama": LLAMA,

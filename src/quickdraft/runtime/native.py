@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from quickdraft.runtime.batch_cache import BatchKVCache
+from quickdraft.runtime.block_parts import gemma_norm
 from quickdraft.runtime.families import describe, rope_sets, unsupported_reason
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
-from quickdraft.runtime.llama_block import Block, KVCache, add_norm, gemma_norm, rope_tables
+from quickdraft.runtime.llama_block import Block, KVCache, add_norm, rope_tables
 
 __all__ = ["NativeLlama", "unsupported_reason"]
 
