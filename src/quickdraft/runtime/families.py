@@ -85,7 +85,7 @@ def describe(model) -> tuple[BlockStyle, list[LayerParts], torch.Tensor | None]:
     types = list(getattr(cfg, "layer_types", None) or [])
     rotary = model.model.rotary_emb
     per_type = bool(types) and getattr(rotary, f"{types[0]}_inv_freq", None) is not None
-    window = getattr(cfg, "sliding_window", None)
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
     parts = []
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
@@ -96,14 +96,15 @@ def describe(model) -> tuple[BlockStyle, list[LayerParts], torch.Tensor | None]:
         }
         if getattr(attn, "q_norm", None) is not None:
             extras.update(q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight)
-        if (
-            getattr(layer, "pre_feedforward_layernorm", None) is not None
-        ):  # Gemma 2/3: post_attention_layernorm is a sandwich norm
+        if getattr(layer, "pre_feedforward_layernorm", None) is not None:  # Gemma 2/3: a sandwich
             extras.update(post_attn_norm=layer.post_attention_layernorm.weight)
             extras.update(post_mlp_norm=layer.post_feedforward_layernorm.weight)
-        biases = [getattr(getattr(attn, f"{n}_proj", None), "bias", None) for n in "qkv"]
-        if any(b is not None for b in biases):
-            extras.update(qkv_bias=torch.cat([b for b in biases if b is not None]))
+        projections = [getattr(attn, f"{n}_proj", None) for n in "qkv"]
+        biases = [getattr(p, "bias", None) for p in projections]
+        if any(b is not None for b in biases):  # Qwen2; a projection without one adds zeros
+            pairs = zip(projections, biases, strict=True)
+            parts_qkv = [b if b is not None else p.weight.new_zeros(p.weight.shape[0]) for p, b in pairs]
+            extras.update(qkv_bias=torch.cat(parts_qkv))
         kind = types[i] if types else "full_attention"
         sliding = window if (kind == "sliding_attention" or (not types and window)) else None
         parts.append(LayerParts(extras, kind if per_type else "", int(sliding) if sliding else None))
