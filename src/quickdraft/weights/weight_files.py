@@ -22,15 +22,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from quickdraft.weights.quant import int8_linear
+
 PACKED = "quickdraft.packed"  # metadata key: "int8" | "int4:G"
 MIN_PACKED = 4096
 
 
 def pack_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) floats -> (N, K) int8 codes and (N, 1) float32 scales (w ~ codes * scales)."""
-    w = w.float()
-    scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
-    return torch.round(w / scale).clamp(-127, 127).to(torch.int8), scale
+    """(N, K) floats -> (N, K) int8 codes and (N, 1) float32 scales (w ~ codes * scales): the int8
+    target's own per-row rounding (`quant.int8_linear`)."""
+    packed = int8_linear(w)
+    return packed.q, packed.scales[:, None]
 
 
 def pack_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
