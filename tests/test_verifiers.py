@@ -133,7 +133,7 @@ def _sampled_drafts(q, k):
     return lambda n, g: torch.multinomial(q.expand(n, k, V).reshape(-1, V), 1, True, generator=g).reshape(n, k)
 
 
-N = 20_000
+N = 10_000  # the negative controls below fail at this size
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -3,6 +3,11 @@
 A verifier (`verifiers/base.py`) is a callable `(draft_tokens (B,k), q_probs (B,k,V)|None, p_probs
 (B,k+1,V), generator) -> Verdict` declaring `name`, `lossy` and `reads_logits`. Verifiers know
 nothing of models or caches.
+
+One greedy rule and one sampling rule, both over token trees (`verifiers/tree.py`: `follow_greedy`,
+`verify_tree_sampling`); a chain is a one-wide tree, so `greedy_verify` and `speculative_verify`
+only lay a batch of chains out as paths and call them. The lossy rules stay named rules beside
+them: `lenient:L` (DistillSpec) and `specdec` (SpecDec's Spec-Verification).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Greedy verification: accept the longest prefix where the draft equals the target's argmax."""
+"""Greedy verification on chains: the tree greedy rule (`verifiers/tree.py`: `follow_greedy`) on
+each row's path, i.e. the longest prefix where the draft equals the target's argmax."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import torch
 
 from quickdraft.types import Verdict
 from quickdraft.verifiers.base import Verifier
+from quickdraft.verifiers.tree import TokenTree, follow_greedy
 
 
 def greedy_verify(draft_tokens: torch.Tensor, p_probs: torch.Tensor) -> Verdict:
-    """Prefix match against argmax p.
+    """Prefix match against argmax p, row by row through the tree rule.
 
     Args:
         draft_tokens: (B, k) int64 draft ids.
@@ -19,12 +21,17 @@ def greedy_verify(draft_tokens: torch.Tensor, p_probs: torch.Tensor) -> Verdict:
         Verdict: num_accepted (B,) = length of the matching prefix; next_tokens (B,) = the target's
         argmax at the first mismatch, or the bonus argmax after k matches.
     """
-    target_tokens = p_probs.argmax(-1)  # (B, k+1)
-    k = draft_tokens.shape[1]
-    match = draft_tokens == target_tokens[:, :k]
-    num_accepted = match.long().cumprod(-1).sum(-1)
-    next_tokens = target_tokens.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
-    return Verdict(num_accepted=num_accepted, next_tokens=next_tokens)
+    best = p_probs.argmax(-1).tolist()  # (B, k+1), read once
+    accepted, nexts = [], []
+    for row, want in zip(draft_tokens.tolist(), best, strict=True):
+        nodes, token = follow_greedy(TokenTree.path(row), want)
+        accepted.append(len(nodes))
+        nexts.append(token)
+    device = p_probs.device
+    return Verdict(
+        num_accepted=torch.tensor(accepted, dtype=torch.long, device=device),
+        next_tokens=torch.tensor(nexts, dtype=torch.long, device=device),
+    )
 
 
 class GreedyMatch(Verifier):
