@@ -46,3 +46,22 @@ def test_the_guard_keeps_plain_decodings_output_and_says_how_many_rounds_were_pl
     assert lost.stats.extra.get("guard_pauses", 0) >= 1 and lost.stats.extra["guard_plain_rounds"] >= 4
     assert lost.stats.num_draft_tokens > 0  # it drafted (and probed) before and between the pauses
     assert "guard_plain_rounds" not in paid.stats.extra and paid.stats.num_draft_tokens > 0
+
+
+def test_every_sd_engine_is_guarded_unless_no_guard():
+    """Explicit chains and trees get the guard as auto trees do, priced by this host's curve (a chain
+    pays one draft forward per token); `guard=False` (`--no-guard`) drafts every round."""
+    from quickdraft.decoding.registry import METHODS, round_cost
+    from quickdraft.engine import Engine
+    from quickdraft.options import options_from
+
+    target = tiny_llama(dtype=torch.float64)
+    for named in ({"drafter": "ngram", "draft_length": 3}, {"drafter": "truncated:1@float64", "draft_tree": 4}):
+        guarded = Engine(target, options_from({"method": "sd", "dtype": "float64", **named}))
+        decoder = METHODS["sd"].build(guarded.parts, SamplingConfig())
+        assert isinstance(decoder.guard, DraftGuard)
+        plain = Engine(target, options_from({"method": "sd", "dtype": "float64", "guard": False, **named}))
+        assert METHODS["sd"].build(plain.parts, SamplingConfig()).guard is None
+    chain = round_cost(guarded.parts, chain=True)  # the truncated draft: a model drafter with a step cost
+    assert chain(5, 4) > chain(5, 0) == round_cost(guarded.parts, chain=False)(5, 0)
+    assert chain(5, 4) - chain(5, 0) == 4 * (chain(2, 1) - chain(2, 0))  # one draft forward per chain token

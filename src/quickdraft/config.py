@@ -85,6 +85,8 @@ class DraftConfig:
         tree_width: dynamic trees: nodes expanded per depth and children per expanded node.
         tree_shape: "dynamic" (EAGLE-2: by cumulative draft probability) or static children per
             node by depth, e.g. "3,2,1" (or "3:2:1", which a bench method string can hold).
+        guard: drop to plain rounds while drafting measurably loses on this host's costs, and probe
+            again later (`decoding/guard.py`), for chains and trees alike; False drafts every round.
     """
 
     num_draft_tokens: int = 4
@@ -94,6 +96,7 @@ class DraftConfig:
     tree: int | None = None
     tree_width: int = 8
     tree_shape: str = "dynamic"
+    guard: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:

@@ -177,6 +177,14 @@ OPTIONS: dict[str, Option] = {
             "tree_shape", ("draft", "tree_shape"), str, "dynamic (EAGLE-2) or static children per depth, e.g. 3,2,1"
         ),
         Option(
+            "guard",
+            ("draft", "guard"),
+            _bool,
+            "never slower than plain decoding: plain rounds while drafting measurably loses on this host's "
+            "costs, probing again later (--no-guard drafts every round)",
+            flag="--no-guard",
+        ),
+        Option(
             "verifier",
             ("verifier",),
             str,

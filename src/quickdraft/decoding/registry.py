@@ -73,10 +73,45 @@ def _ar(parts: DecodeParts, sampling: SamplingConfig):
     return Autoregressive(parts.target)
 
 
+def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None]:
+    """(this host's verify-cost curve for the target, a model drafter's step in target steps or None
+    for a model-free drafter), measured once per engine (the curve once per host for the shipped
+    default). Only targets that verify trees (the native runtime) have a curve."""
+    if "host_costs" not in parts.memo:
+        from quickdraft.costs.cost_curve import cost_curve
+        from quickdraft.weights.delta import SHIPPED_FOR
+
+        name = parts.target_name or ""
+        curve = cost_curve(
+            parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
+        )
+        draft_step = drafter_step_seconds(parts.drafter)
+        ratio = None if draft_step is None else draft_step / step_seconds(parts.target)
+        parts.memo["host_costs"] = (curve, ratio)
+    return parts.memo["host_costs"]
+
+
+def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
+    """(rows verified, nodes drafted) -> a round's cost in one-row target steps on this host: the
+    verify forward from the curve plus a model drafter's forwards (one per chain token; one per
+    expanded level of a tree)."""
+    from quickdraft.costs.cost_curve import relative_cost, tree_draft_forwards
+
+    curve, ratio = host_costs(parts)
+
+    def cost(rows: int, nodes: int) -> float:
+        if ratio is None or not nodes:
+            return relative_cost(curve, rows)
+        forwards = nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes))
+        return relative_cost(curve, rows) + ratio * forwards
+
+    return cost
+
+
 def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int, dict[str, int]]:
     """(budget, events) for `draft_tree` auto: a drafter with a gain table (expected tokens per
     forward by budget: the suffix drafter's, a trained head's) gets the budget that maximises
-    expected tokens per second on this host's measured verify-cost curve (models/cost_curve.py),
+    expected tokens per second on this host's measured verify-cost curve (costs/cost_curve.py),
     counting a model drafter's own forwards at their measured cost, once per engine; every other
     drafter, a target without tree support (the HF runtime) and the lossy verifiers get a chain
     (budget 0). The events say which, in the statistics."""
@@ -86,27 +121,22 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     if not parts.target.supports_trees or parts.config.verifier not in (None, "greedy", "speculative"):
         return 0, {"tree_auto_fallback_chain": 1}
     if "tree_budget" not in parts.memo:
-        from quickdraft.costs.cost_curve import best_budget, cost_curve, relative_cost, tree_draft_forwards
-        from quickdraft.weights.delta import SHIPPED_FOR
+        from quickdraft.costs.cost_curve import best_budget
 
-        name = parts.target_name or ""
-        curve = cost_curve(
-            parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
-        )
-        draft_step = drafter_step_seconds(parts.drafter)
-        draft_cost = None
-        if draft_step is not None:  # a model drafter: its forwards per tree, in target steps
-            ratio = draft_step / step_seconds(parts.target)
-            draft_cost = lambda budget: ratio * tree_draft_forwards(budget, auto_width(parts, budget))  # noqa: E731
-        parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost)
-        parts.memo["round_cost"] = lambda rows, nodes: (
-            relative_cost(curve, rows)
-            + (  # noqa: E731
-                draft_cost(nodes) if draft_cost is not None and nodes else 0.0
-            )
-        )
+        curve, _ = host_costs(parts)
+        cost = round_cost(parts, chain=False)
+        parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=lambda budget: cost(1, budget) - cost(1, 0))
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
+
+
+def with_guard(decoder: SpeculativeDecoder, parts: DecodeParts, chain: bool) -> SpeculativeDecoder:
+    """Attach the draft guard (`decoding/guard.py`: plain rounds while drafting measurably loses on
+    this host's costs, probes later) unless `--no-guard`; targets without a cost curve (the HF
+    runtime) run unguarded."""
+    if parts.config.draft.guard and parts.target.supports_trees:
+        decoder.guard = DraftGuard(round_cost(parts, chain))
+    return decoder
 
 
 def auto_width(parts: DecodeParts, budget: int) -> int:
@@ -129,14 +159,12 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
 
         width = draft.tree_width if draft.tree is not None else auto_width(parts, budget)
         shape = TreeShape(budget, width, draft.tree_widths)
-        decoder = TreeDecoder(parts.target, parts.drafter, shape, events)
-        if draft.tree is None and "round_cost" in parts.memo:  # auto: never slower than plain decoding
-            decoder.guard = DraftGuard(parts.memo["round_cost"])
-        return decoder
+        return with_guard(TreeDecoder(parts.target, parts.drafter, shape, events), parts, chain=False)
     verifier = make_verifier(parts.config.verifier, sampling)
-    return SpeculativeDecoder(
+    decoder = SpeculativeDecoder(
         parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events
     )
+    return with_guard(decoder, parts, chain=True)
 
 
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):
@@ -181,6 +209,7 @@ class Method:
 
 _DRAFT = (
     "drafter",
+    "guard",
     "draft_length",
     "draft_schedule",
     "confidence_threshold",
