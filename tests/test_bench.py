@@ -53,6 +53,16 @@ def test_metrics_on_synthetic_rows():
     assert sd["categories"]["b"]["speedup_vs_ar"] == pytest.approx(3.0)
 
 
+def test_the_share_of_rounds_that_drafted_is_reported():
+    """Decode rounds = target forwards minus the prefill; the guard's plain rounds did not draft."""
+    guarded = row("sd", "1", 0, 20, 1.0, 11, drafted=8, accepted=4, drafts=4)
+    guarded["extra"] = {"guard_plain_rounds": 6, "guard_pauses": 1}
+    rows = [row("ar", "1", 0, 20, 1.0, 20), guarded, row("sd2", "1", 0, 20, 1.0, 10, drafted=9, drafts=9)]
+    s = summarize(rows)["methods"]
+    assert s["sd"]["drafted_round_share"] == pytest.approx(1 - 6 / 10)
+    assert s["sd2"]["drafted_round_share"] is None  # never kept plain: not reported
+
+
 def test_run_spread_is_reported():
     rows = [row("ar", "1", r, 10, 1.0, 10) for r in range(2)]
     rows += [row("sd", "1", 0, 10, 0.5, 5), row("sd", "1", 1, 10, 1.0, 5)]

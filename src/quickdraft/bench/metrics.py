@@ -67,7 +67,16 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         # token trees: nodes per drafted tree, and how deep the accepted path went (rounds per depth)
         "tree_mean_nodes": _extra_ratio(rows, "tree_nodes", "tree_rounds"),
         "tree_accepted_depth_histogram": _depth_histogram(rows),
+        # the draft guard (decoding/guard.py): the share of decode rounds (prefill excluded) that
+        # drafted; None when the guard never kept a round plain
+        "drafted_round_share": _drafted_share(rows),
     }
+
+
+def _drafted_share(rows: list[dict]) -> float | None:
+    plain = sum(r.get("extra", {}).get("guard_plain_rounds", 0) for r in rows)
+    rounds = sum(max(0, r["target_forwards"] - 1) for r in rows)
+    return 1.0 - plain / rounds if plain and rounds else None
 
 
 def _swi(rows: list[dict]) -> float | None:

@@ -32,6 +32,15 @@ def _table(summary: dict) -> list[str]:
     return lines
 
 
+def _guard_note(summary: dict) -> list[str]:
+    """The share of rounds that drafted, where the draft guard kept some plain."""
+    shares = {m: s["drafted_round_share"] for m, s in summary["methods"].items() if s.get("drafted_round_share")}
+    if not shares:
+        return []
+    head = "Rounds that drafted (the draft guard kept the others plain while drafting lost on this host's costs):"
+    return [head, "", *(f"- `{m}`: {share:.0%}" for m, share in shares.items()), ""]
+
+
 def _quantized_note(summary: dict) -> list[str]:
     quantized = {m: s for m, s in summary["methods"].items() if s.get("quantize")}
     if not quantized:
@@ -87,6 +96,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "matches ar = share of outputs token-identical to plain decoding.",
         "",
         *_quantized_note(summary),
+        *_guard_note(summary),
         *_table(summary),
         "",
         "Speedup / mean accepted tokens by category:",
