@@ -22,6 +22,28 @@ def test_a_losing_window_pauses_drafting_then_probes_again():
     assert guard.drafts()
 
 
+def test_each_losing_probe_doubles_the_pause_and_a_paying_window_resets_it():
+    cost = {"steps": 2.0}
+    guard = DraftGuard(lambda rows, nodes: cost["steps"], window=2, pause=3, max_pause=10)
+
+    def plain_rounds() -> int:
+        n = 0
+        while not guard.drafts():
+            n += 1
+        return n
+
+    pauses = []
+    for _ in range(4):  # losing windows: 2 tokens for 4 steps
+        assert [guard.update(4, 1) for _ in range(2)] == [False, True]
+        pauses.append(plain_rounds())
+    assert pauses == [3, 6, 10, 10]  # doubled, capped at max_pause
+    cost["steps"] = 0.5  # now drafting pays: the verdict resets the doubling
+    assert not any(guard.update(4, 1) for _ in range(3))
+    cost["steps"] = 2.0  # the sliding window now holds one paying and one losing round: it loses
+    assert guard.update(4, 1)
+    assert plain_rounds() == 3  # the first pause again, not the doubled one
+
+
 def test_a_paying_window_keeps_drafting():
     guard = DraftGuard(lambda rows, nodes: 1.0 + 0.1 * nodes, window=2, pause=5)
     assert not any(guard.update(3, 2) for _ in range(10))  # 2 tokens for 1.3 steps

@@ -4,8 +4,9 @@ A drafted round commits `accepted + 1` tokens at the cost of one forward over it
 measured verify-cost curve, a one-row step = 1) plus drafting (a model drafter's forwards, in target
 steps). Plain decoding commits 1 token per step. The guard keeps the last `window` drafted rounds'
 tokens and costs; when their rate falls below 1 token per step, the next `pause` rounds draft nothing
-(plain one-row rounds, no drafter call), then drafting resumes with a fresh window (a probe). Every
-decision reads counts and the curve, never a clock, so a seeded generation repeats exactly.
+(plain one-row rounds, no drafter call), then drafting resumes with a fresh window (a probe). A probe
+that loses again doubles the pause (up to `max_pause`); a window that pays resets it. Every decision
+reads counts and the curve, never a clock, so a seeded generation repeats exactly.
 
 The statistics count `guard_plain_rounds` (rounds the guard kept plain) and `guard_pauses`.
 """
@@ -24,19 +25,23 @@ class DraftGuard:
     Args:
         cost: (rows of the verify forward, nodes drafted) -> the round's cost in one-row target steps.
         window: drafted rounds judged together (the decision waits until the window is full).
-        pause: plain rounds after drafting is judged to lose, before the next probe.
+        pause: plain rounds after drafting is first judged to lose, before the next probe.
+        max_pause: the longest pause (each losing probe doubles it).
     """
 
     cost: Callable[[int, int], float]
     window: int = 8
     pause: int = 16
+    max_pause: int = 128
     _recent: deque = field(default_factory=deque)
     _plain_left: int = 0
+    _losses: int = 0  # losing verdicts in a row
 
     def reset(self) -> None:
         """A new generation: drafting starts on, with an empty window."""
         self._recent.clear()
         self._plain_left = 0
+        self._losses = 0
 
     def drafts(self) -> bool:
         """Whether this round drafts (False: a plain round, counted down here)."""
@@ -56,7 +61,9 @@ class DraftGuard:
         tokens = sum(t for t, _ in self._recent)
         steps = sum(c for _, c in self._recent)
         if tokens >= steps:  # at least plain decoding's 1 token per step
+            self._losses = 0
             return False
         self._recent.clear()
-        self._plain_left = self.pause
+        self._plain_left = min(self.max_pause, self.pause << self._losses)
+        self._losses += 1
         return True
