@@ -89,3 +89,26 @@ def test_every_sd_engine_is_guarded_unless_no_guard():
     assert chain(5, 4) > chain(5, 0) == round_cost(guarded.parts, chain=False)(5, 0)
     per_token = chain(2, 1) - chain(2, 0)  # one draft forward per chain token
     assert chain(5, 4) - chain(5, 0) == pytest.approx(4 * per_token)
+
+
+def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
+    """PEARL's halves run one after the other in one process, so its rounds are priced like a chain's
+    and guarded; a guarded plain round is a pre round that drafts nothing (a plain step)."""
+    from quickdraft.decoding.pearl import PearlConfig, PearlDecoder
+    from quickdraft.decoding.registry import METHODS
+    from quickdraft.engine import Engine
+    from quickdraft.options import options_from
+    from quickdraft.verifiers import GreedyMatch
+
+    target = tiny_llama(dtype=torch.float64)
+    prompt = [5, 9, 13, 5, 9, 13, 5, 9]
+    want = _run(Autoregressive(NativeCachedModel(target.model)), prompt).token_ids
+    pearl = PearlDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), GreedyMatch(), PearlConfig(), 3)
+    pearl.guard = DraftGuard(lambda rows, nodes: 50.0, window=2, pause=4)  # drafting never pays
+    got = _run(pearl, prompt)
+    assert got.token_ids == want
+    assert got.stats.extra.get("guard_pauses", 0) >= 1 and got.stats.extra["guard_plain_rounds"] >= 4
+    assert got.stats.num_draft_tokens > 0
+    for named, guarded in (({}, True), ({"guard": False}, False)):  # the two-process runner has none
+        engine = Engine(target, options_from({"method": "pearl", "drafter": "ngram", "dtype": "float64", **named}))
+        assert isinstance(METHODS["pearl"].build(engine.parts, SamplingConfig()).guard, DraftGuard) is guarded

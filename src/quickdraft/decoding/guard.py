@@ -50,10 +50,11 @@ class DraftGuard:
             return False
         return True
 
-    def update(self, drafted: int, committed: int) -> bool:
-        """Record a drafted round (`drafted` nodes verified in one forward, `committed` tokens kept);
-        returns True when this round's verdict pauses drafting."""
-        self._recent.append((committed, self.cost(drafted + 1, drafted)))
+    def update(self, drafted: int, committed: int, rows: int | None = None) -> bool:
+        """Record a drafted round (`drafted` nodes drafted, verified in one forward over `rows` rows:
+        by default the last committed token and the nodes; `committed` tokens kept); returns True
+        when this round's verdict pauses drafting."""
+        self._recent.append((committed, self.cost(drafted + 1 if rows is None else rows, drafted)))
         if len(self._recent) > self.window:
             self._recent.popleft()
         if len(self._recent) < self.window:

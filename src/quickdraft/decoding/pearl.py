@@ -30,6 +30,7 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
+from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.target import Target
@@ -232,6 +233,9 @@ class PearlDecoder:
         self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
         self.lossy = verifier.lossy
         self.last_verdict: PearlVerdict | None = None
+        # one process only: plain rounds while drafting loses on this host's costs (decoding/guard.py);
+        # a round costs its forward's rows on the curve plus its draft forwards, one after the other
+        self.guard: DraftGuard | None = None
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
@@ -248,12 +252,18 @@ class PearlDecoder:
             max_length=len(prompt_ids) + max_new_tokens,
         )
         draft_s = 0.0
+        if self.guard is not None:
+            self.guard.reset()
         while True:
+            # a guarded plain round: a pre round (nothing pending) that drafts nothing is a plain step
+            plain = self.guard is not None and logic.kind == "pre" and not logic.pending and not self.guard.drafts()
             feed = logic.target_job()
             start = time.perf_counter()
             p = None if feed is None else logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
             verify_s = time.perf_counter() - start
-            drafted, drafted_q, draft_s = self._draft(logic, sampling, generators, draft_s)
+            drafted, drafted_q, draft_s = (
+                ([], None, draft_s) if plain else self._draft(logic, sampling, generators, draft_s)
+            )
             if p is None:  # draft-only round
                 logic.apply(None, drafted, drafted_q)
                 continue
@@ -261,6 +271,10 @@ class PearlDecoder:
             verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators.target)
             rnd = logic.apply(verdict, drafted, drafted_q)
             self.target.rollback(logic.target_cache_length)
+            if plain:
+                rnd.events = {**rnd.events, "guard_plain_rounds": 1}
+            elif self.guard is not None and drafted and self.guard.update(len(drafted), len(rnd.tokens), len(feed)):
+                rnd.events = {**rnd.events, "guard_pauses": 1}
             rnd.draft_s, rnd.verify_s, draft_s = draft_s, verify_s + time.perf_counter() - start, 0.0
             self.last_verdict = verdict
             yield rnd

@@ -17,7 +17,7 @@ from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, gamma_from_costs
+from quickdraft.decoding.pearl import DEFAULT_GAMMA, PearlConfig, PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
@@ -61,12 +61,16 @@ class DecodeParts:
 
 
 def pearl_gamma(parts: DecodeParts) -> int:
-    """PEARL's window: the configured one, else measured once per engine (target step / draft step)."""
+    """PEARL's window: the configured one, else measured once per engine (target step / draft step:
+    drafting gamma tokens takes one target forward, which hides it behind the forward in two
+    processes). In one process the halves run one after the other, so every drafted token adds its
+    step to the round: there the window is capped at DEFAULT_GAMMA (the measured window, about 8 for
+    the distilled draft, ran at 0.59x plain decoding; 4 at 0.81x; docs/benchmarks.md)."""
     if parts.config.pearl.gamma is not None:
         return parts.config.pearl.gamma
     if "pearl_gamma" not in parts.memo:
         parts.memo["pearl_gamma"] = gamma_from_costs(step_seconds(parts.target), drafter_step_seconds(parts.drafter))
-    return parts.memo["pearl_gamma"]
+    return parts.memo["pearl_gamma"] if parts.config.pearl.parallel else min(DEFAULT_GAMMA, parts.memo["pearl_gamma"])
 
 
 def _ar(parts: DecodeParts, sampling: SamplingConfig):
@@ -180,7 +184,10 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
     if verifier.reads_logits:
         raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
     if not parts.config.pearl.parallel:
-        return PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
+        decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
+        if parts.config.draft.guard and parts.target.supports_trees:  # its halves run one after the other
+            decoder.guard = DraftGuard(round_cost(parts, chain=True))
+        return decoder
     if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 
@@ -228,7 +235,7 @@ METHODS: dict[str, Method] = {
             "PEARL: the draft keeps drafting while the target verifies",
             _pearl,
             True,
-            ("drafter", "verifier", "gamma", "pre_verify", "post_verify", "parallel"),
+            ("drafter", "guard", "verifier", "gamma", "pre_verify", "post_verify", "parallel"),
             cpu_only=True,  # its parallel runner pins CPU cores; CUDA streams are not built
         ),
     )
