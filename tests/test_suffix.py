@@ -22,12 +22,13 @@ from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import make_drafter
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.datastore import load_datastore, save_datastore
-from quickdraft.drafters.spec import parse_drafter_spec, parse_suffix
+from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix import (
     RecentOutputs,
     SuffixConfig,
     SuffixDrafter,
     merge_scores,
+    parse_suffix,
     paths_to_tree,
     scan_matches,
     trie_scores,
@@ -306,7 +307,7 @@ def test_suffix_none_and_a_built_datastore_through_make_drafter(target, tmp_path
 
 
 def test_the_server_turns_the_cross_request_cache_on():
-    from quickdraft.drafters.spec import with_suffix_cache
+    from quickdraft.drafters.suffix import with_suffix_cache
     from quickdraft.server import SERVER_SUFFIX_CACHE, ServeConfig, engine_loader
 
     assert with_suffix_cache("suffix", 10) == "suffix:;cache=10"

@@ -20,17 +20,68 @@ proposal has q = one-hot (q_probs None) and speculative sampling on top stays lo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, Drafter, DraftRequest, draft_path, reads_target
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
-from quickdraft.drafters.spec import parse_cascade
+from quickdraft.drafters.spec import parse_stage
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 
 GREEDY = SamplingConfig(temperature=0.0)
+
+
+DEFAULT_CASCADE = "distilled>mag"
+
+
+def default_k(levels: int) -> list[list[int]]:
+    """Quotas when none are given: 2 tokens per model level, 4 for the last (model-free) level."""
+    return [[2] * (levels - 1 - i) + [4] for i in range(levels)]
+
+
+@dataclass(frozen=True)
+class CascadeSpec:
+    """A parsed `csd:` argument: levels (big -> small), k-matrix rows (from the diagonal), lenience."""
+
+    levels: tuple[DrafterSpec, ...]
+    k: tuple[tuple[int, ...], ...]
+    lenience: float
+
+
+def parse_cascade(arg: str | None) -> CascadeSpec:
+    """`LEVELS[;k=ROWS][;l=L]`: LEVELS are drafter stages joined by '>' (big -> small, no '@DTYPE'),
+    ROWS the k-matrix rows from the diagonal joined by '/', entries by ',' (e.g. k=2,4/4), L the
+    lenience of inner reviews (default 1). Without an argument: DEFAULT_CASCADE."""
+    text = arg or DEFAULT_CASCADE
+    parts = text.split(";")
+    levels = tuple(parse_stage(stage, f"csd:{text}") for stage in parts[0].split(">") if stage)
+    if len(levels) < 2 or any(level.kind == "csd" for level in levels):
+        raise QuickdraftError(
+            f"drafter 'csd:{text}': a cascade needs at least two levels (no nested csd), e.g. csd:distilled>mag"
+        )
+    k, lenience = default_k(len(levels)), 1.0
+    for option in parts[1:]:
+        key, _, value = option.partition("=")
+        try:
+            if key == "k":
+                k = [[int(x) for x in row.split(",")] for row in value.split("/")]
+            elif key == "l":
+                lenience = float(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise QuickdraftError(f"drafter 'csd:{text}': bad option {option!r} (k=2,4/4 or l=2)") from None
+    if lenience < 1:
+        raise QuickdraftError(f"drafter 'csd:{text}': lenience must be >= 1")
+    for i, row in enumerate(k):
+        if len(row) != len(levels) - i or min(row) < 0 or sum(row) < 1:
+            raise QuickdraftError(f"drafter 'csd:{text}': k-matrix row {i} needs {len(levels) - i} quotas >= 0")
+    if len(k) not in (len(levels) - 1, len(levels)):
+        raise QuickdraftError(f"drafter 'csd:{text}': the k-matrix needs {len(levels) - 1} or {len(levels)} rows")
+    return CascadeSpec(levels, tuple(tuple(r) for r in k), lenience)
 
 
 def check_k_matrix(k: Sequence[Sequence[int]], levels: int) -> list[list[int]]:

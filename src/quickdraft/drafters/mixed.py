@@ -22,7 +22,7 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, DraftRequest, draft_path
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
-from quickdraft.drafters.spec import parse_mix
+from quickdraft.drafters.spec import parse_stage
 from quickdraft.drafters.suffix import (
     CHAIN_TREE_FACTOR,
     SuffixDrafter,
@@ -35,6 +35,17 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 
 MIN_MATCH = 4  # a suffix match this long drafts alone in sampling rounds and chains
+
+
+def parse_mix(arg: str | None) -> DrafterSpec:
+    """`mix[:STAGE]`: suffix branches plus the tree-drafting STAGE's (default `head`, the feature head)."""
+    stage = parse_stage(arg or "head", f"mix:{arg or 'head'}")
+    if not (KINDS[stage.kind].has_model and KINDS[stage.kind].drafts_trees):
+        able = ", ".join(k.name for k in KINDS.values() if k.has_model and k.drafts_trees)
+        raise QuickdraftError(
+            f"drafter 'mix:{arg}': the second source must be a model drafter that drafts trees ({able})"
+        )
+    return stage
 
 
 def tree_paths(tree: TokenTree) -> dict[tuple[int, ...], float]:

@@ -19,7 +19,7 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import int_arg, parse_quant, required_path
+from quickdraft.drafters.spec import int_arg, required_path
 from quickdraft.drafters.tree import model_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
@@ -27,6 +27,16 @@ from quickdraft.runtime.choose import cached_model
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.delta import load_delta, shipped_delta_dir
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
+
+
+def parse_quant(arg: str | None):
+    """`quant[:MODE]`: the target's own weights quantized (MODE as `--quantize`, default int4)."""
+    from quickdraft.weights.quant import parse_quantize
+
+    spec = parse_quantize(arg or "int4")
+    if not spec.active:
+        raise QuickdraftError("drafter 'quant:none' would be the target itself: choose int4, int8 or gguf")
+    return spec
 
 
 class ModelDrafter(Drafter):

@@ -15,10 +15,19 @@ from numpy.lib.stride_tricks import sliding_window_view
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import ngram_sizes
+from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import lookup_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
+
+
+def ngram_sizes(arg: str | None) -> tuple[int, int]:
+    """(longest, shortest) n-gram of "N" or "N:M" (default 3 and 1)."""
+    longest, _, shortest = (arg or "").partition(":")
+    hi, lo = int_arg("ngram", longest or None, 3), int_arg("ngram", shortest or None, 1)
+    if lo > hi:
+        raise QuickdraftError(f"drafter 'ngram:{arg}': the shortest n-gram ({lo}) exceeds the longest ({hi})")
+    return hi, lo
 
 
 def prompt_lookup(context: Sequence[int], num_draft_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

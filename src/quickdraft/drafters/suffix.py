@@ -35,7 +35,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.datastore import load_datastore, shipped_datastore
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import parse_suffix
+from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
@@ -45,6 +45,34 @@ CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this man
 # prompts, 13 x 64 tokens: scripts/suffix_offline.py on docs/bench/heldout-reuse), the gain side of
 # the host-sized budget (`draft_tree` auto, models/cost_curve.py); only the curve's shape matters.
 TREE_GAIN = {1: 1.50, 4: 2.07, 8: 2.30, 16: 2.47, 32: 2.59}
+
+
+def parse_suffix(arg: str | None) -> tuple[str | None, dict[str, int]]:
+    """`[PATH][;cache=N][;match=M][;depth=D]` -> (PATH or None, options): PATH a datastore folder
+    (absent: the one shipped for the target; `none`: no datastore), cache the tokens of earlier
+    requests' outputs kept (0 = off), match the longest suffix searched, depth the longest branch."""
+    path, *options = (arg or "").split(";")
+    values: dict[str, int] = {}
+    names = {"cache": "cache", "match": "max_match", "depth": "depth", "rows": "max_rows"}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in names or not value.isdigit():
+            raise QuickdraftError(f"drafter 'suffix:{arg}': bad option {option!r} (cache=N, match=M, depth=D, rows=R)")
+        values[names[key]] = int(value)
+    if any(v < 1 for k, v in values.items() if k != "cache"):
+        raise QuickdraftError(f"drafter 'suffix:{arg}': match, depth and rows must be >= 1")
+    return path or None, values
+
+
+def with_suffix_cache(text: str, tokens: int) -> str:
+    """`text` with `cache=tokens` added to its suffix stages that set no cache (the server's default:
+    drafting from earlier requests' outputs too)."""
+    stages = []
+    for stage in parse_drafter_spec(text):
+        if stage.kind == "suffix" and "cache" not in parse_suffix(stage.arg)[1]:
+            stage = DrafterSpec("suffix", f"{stage.arg or ''};cache={tokens}", stage.dtype)
+        stages.append(str(stage))
+    return "+".join(stages)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def engine_loader(cfg: ServeConfig):
     """A function that loads the engine (run in the background while /health says 503)."""
     from dataclasses import replace
 
-    from quickdraft.drafters.spec import with_suffix_cache
+    from quickdraft.drafters.suffix import with_suffix_cache
     from quickdraft.engine import Engine
 
     engine = cfg.engine
