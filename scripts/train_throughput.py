@@ -85,7 +85,7 @@ def main() -> None:
             batch = source(picked)
             positions += scored_positions(batch.lengths, batch.prompt_lens)
             with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-                loss, _ = train_loss(module, args.kind, batch, embed, head, 1.0, args.ttt_steps)
+                loss, _ = train_loss(module, batch, embed, head, 1.0, args.ttt_steps)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -65,7 +65,7 @@ def overfit(kind: str, target, steps: int = 150):
     opt = torch.optim.Adam(module.parameters(), lr=3e-3)
     first = None
     for _ in range(steps):
-        loss, stats = train_loss(module, kind, batch, embed, head, 1.0)
+        loss, stats = train_loss(module, batch, embed, head, 1.0)
         first = first or stats
         opt.zero_grad()
         loss.backward()

@@ -165,12 +165,20 @@ class KangarooAdapter(nn.Module):
     """Kangaroo's adapter: (B, T, H) exit-layer states -> (B, T, H) states for the LM head."""
 
     kind = "kangaroo"
+    # what training reads of these modules (training/train_heads.py), instead of switching on kinds:
+    inputs = "shallow"  # the target's exit-layer states at every position
+    unrolls = False  # the training-time test (TTT) unrolls only a head drafting on its own features
+    regresses_features = False  # EAGLE's feature regression: only a module predicting features
 
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.block = DraftBlock(cfg)
         self.out_norm = nn.RMSNorm(cfg.hidden, eps=cfg.eps)
+
+    def init_layer(self, layers: int) -> int:
+        """The target layer whose weights initialise the block: the exit layer."""
+        return self.cfg.exit_layer
 
     def forward(
         self, shallow: torch.Tensor, positions: torch.Tensor, kv: KVCache | None = None, rows=None
@@ -182,6 +190,9 @@ class FeatureHead(nn.Module):
     """EAGLE's head: features f_t (B, T, H) and embeddings of x_{t+1} (B, T, H) -> predicted f_{t+1}."""
 
     kind = "head"
+    inputs = "features"  # the target's last hidden states, fused with the next token's embedding
+    unrolls = True
+    regresses_features = True
 
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__()
@@ -189,6 +200,10 @@ class FeatureHead(nn.Module):
         self.fuse = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
         self.block = DraftBlock(cfg)
         self.frozen_fuse: Linear | None = None  # `for_inference`
+
+    def init_layer(self, layers: int) -> int:
+        """The target layer whose weights initialise the block: the last one."""
+        return layers - 1
 
     def forward(
         self,
@@ -210,6 +225,9 @@ class BlockDrafter(FeatureHead):
     one forward drafts the whole block (non-autoregressive)."""
 
     kind = "specdec"
+    inputs = "block"  # the head's inputs plus query rows at random cuts (training/train_heads.py)
+    unrolls = False
+    regresses_features = False  # its queries predict tokens, not features
 
     def __init__(self, cfg: DraftHeadConfig) -> None:
         super().__init__(cfg)

@@ -192,8 +192,10 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     after = run.evaluate()
     for k in kinds:  # written before the gain table (minutes more), so a run stopped there keeps them
         export(out / k, run.modules[k], head_ids, {"target": target.name, "heldout_after": after[k], "partial": True})
-    gains = {  # the head's tokens per forward by tree budget: what sizes `draft_tree` auto
-        k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts) for k in kinds if k == "head" and run.prompts
+    gains = {  # a tree drafter's (the head's) tokens per forward by tree budget: what sizes `draft_tree` auto
+        k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts)
+        for k in kinds
+        if DRAFTER_KINDS[k].drafts_trees and run.prompts
     }
     seconds = time.perf_counter() - started
     sessions = report.get("sessions", []) + [

@@ -84,7 +84,7 @@ def target_states_many(model, windows: list[list[int]], exit_layer: int | None) 
     return [{FEATURES: feats[b], **({} if kept is None else {exit_layer: kept[b]})} for b in range(len(windows))]
 
 
-def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
+def module_states(module, batch: Batch, embed: torch.Tensor, steps: int = 1) -> list:
     """[(the module's states that the LM head reads (N, H), the target's features there (N, H),
     of_first)] at the N scored positions, one entry per unrolled step (`steps` > 1: the head only;
     its states are its predicted features). `of_first` (None for the first entry) says which of the
@@ -94,11 +94,11 @@ def module_states(module, kind: str, batch: Batch, embed: torch.Tensor, steps: i
     width = batch.ids.shape[1]
     dev, dtype = embed.device, next(module.parameters()).dtype
     feats = batch.feats.to(dev)
-    if kind == "kangaroo":
+    if module.inputs == "shallow":  # Kangaroo's adapter
         mask = response_mask(batch.lengths, batch.prompt_lens, width).to(dev)
         z = module(batch.shallow.to(dev, dtype), torch.arange(width, device=dev), rows=mask)
         return [(z, feats[mask], None)]
-    if kind == "specdec":
+    if module.inputs == "block":  # SpecDec's block drafter
         return [(*block_states(module, batch, embed, dtype), None)]
     return head_steps(module, batch, embed, steps)
 
@@ -191,13 +191,11 @@ def block_states(module, batch: Batch, embed: torch.Tensor, dtype, cuts: int = 8
     return out, feats[:, target_pos][scored]
 
 
-def train_loss(
-    module, kind: str, batch: Batch, embed, head, feature_weight: float, steps: int = 1
-) -> tuple[torch.Tensor, dict]:
+def train_loss(module, batch: Batch, embed, head, feature_weight: float, steps: int = 1) -> tuple[torch.Tensor, dict]:
     """Soft cross-entropy against the target's restricted p (+ feature regression for the head),
     averaged over the unrolled steps; stats name step j's figures with the suffix j (j > 1)."""
     total, stats, first_p = 0.0, {}, None
-    outputs = module_states(module, kind, batch, embed, steps)
+    outputs = module_states(module, batch, embed, steps)
     for j, (rows, target, of_first) in enumerate(outputs, start=1):
         if not len(rows):
             continue
@@ -210,7 +208,7 @@ def train_loss(
         loss = -(p * logq).sum(-1).mean()
         tag = "" if j == 1 else str(j)
         stats["ce" + tag] = float(loss.detach())
-        if kind == "head":  # EAGLE's feature regression (the block drafter predicts no features)
+        if module.regresses_features:  # EAGLE's feature regression (the block drafter predicts no features)
             reg = F.smooth_l1_loss(rows.float(), target.float())
             loss = loss + feature_weight * reg
             stats["feat" + tag] = float(reg.detach())
@@ -221,7 +219,7 @@ def train_loss(
 
 
 @torch.no_grad()
-def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids, steps: int = 1) -> dict:
+def evaluate(module, batches: list[Batch], embed, full_head, head_ids, steps: int = 1) -> dict:
     """Held-out, teacher-forced (the block drafter: its queries at random cuts): greedy agreement
     with the target's full-vocabulary argmax and expected acceptance sum_v min(p, q) at T=1 (q is
     zero off the restricted ids). With `steps` > 1 (the head) also step j's agreement when it runs
@@ -232,7 +230,7 @@ def evaluate(module, kind: str, batches: list[Batch], embed, full_head, head_ids
     with torch.random.fork_rng(devices=[]):  # training's RNG stream is left as it was
         torch.manual_seed(0)  # the block drafter's cuts: the same held-out positions at every eval
         for batch in batches:
-            outputs = module_states(module, kind, batch, embed, steps if kind == "head" else 1)
+            outputs = module_states(module, batch, embed, steps if module.unrolls else 1)
             for j, (rows, target, of_first) in enumerate(outputs):
                 logits = F.linear(rows, sub.to(rows.dtype))  # (N, K)
                 if of_first is None:
@@ -254,7 +252,7 @@ def new_module(kind: str, target_model, cfg: HeadTrainingConfig) -> torch.nn.Mod
     head_cfg = DraftHeadConfig.from_target(target_model, kind, cfg.exit_layer, cfg.block)
     module = KINDS[kind].module(head_cfg)
     layers = int(target_model.config.num_hidden_layers)
-    init_from_target(module, target_model, cfg.exit_layer if kind == "kangaroo" else layers - 1)
+    init_from_target(module, target_model, module.init_layer(layers))
     return module.float()
 
 

@@ -141,9 +141,9 @@ class TrainRun:
         for k, module in self.modules.items():
             for group in self.optims[k].param_groups:
                 group["lr"] = lr_at(self.step, cfg, self.spent if cfg.minutes > 0 else None)
-            steps = cfg.ttt_steps if k == "head" else 1
+            steps = cfg.ttt_steps if module.unrolls else 1
             with torch.autocast(device_type=self.device, dtype=torch.bfloat16):
-                loss, stats = train_loss(module, k, batch, self.embed, self.sub_head, cfg.feature_weight, steps)
+                loss, stats = train_loss(module, batch, self.embed, self.sub_head, cfg.feature_weight, steps)
             self.optims[k].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -167,11 +167,11 @@ class TrainRun:
         for the head), and greedy decoding of held-out prompts; one eval.jsonl line per module."""
         results = {}
         for k, module in self.modules.items():
-            steps = max(self.cfg.ttt_steps, 3) if k == "head" else 1
+            steps = max(self.cfg.ttt_steps, 3) if module.unrolls else 1
             row = {"kind": k, "step": self.step, "positions_seen": self.positions}
             for mode, batches in self.evals.items():
                 if batches:
-                    row[mode] = evaluate(module, k, batches, self.embed, self.full_head, self.ids, steps)
+                    row[mode] = evaluate(module, batches, self.embed, self.full_head, self.ids, steps)
             if decode and self.prompts:
                 row["decode"] = decode_eval(module, k, self.target, self.ids_or_none, self.prompts)
             append_eval(self.out / "eval.jsonl", row)
