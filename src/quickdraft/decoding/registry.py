@@ -95,21 +95,30 @@ def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None]:
     return parts.memo["host_costs"]
 
 
-def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
-    """(rows verified, nodes drafted) -> a round's cost in one-row target steps on this host: the
-    verify forward from the curve plus a model drafter's forwards (one per chain token; one per
-    expanded level of a tree)."""
-    from quickdraft.costs.cost_curve import relative_cost, tree_draft_forwards
+def draft_cost(parts: DecodeParts, chain: bool) -> Callable[[int], float]:
+    """nodes drafted -> what drafting them costs, in one-row target steps: a model drafter's
+    forwards at their measured step (one per chain token; one per expanded level of a tree), 0 for
+    a model-free drafter."""
+    from quickdraft.costs.cost_curve import tree_draft_forwards
 
-    curve, ratio = host_costs(parts)
+    _, ratio = host_costs(parts)
 
-    def cost(rows: int, nodes: int) -> float:
+    def cost(nodes: int) -> float:
         if ratio is None or not nodes:
-            return relative_cost(curve, rows)
-        forwards = nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes))
-        return relative_cost(curve, rows) + ratio * forwards
+            return 0.0
+        return ratio * (nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes)))
 
     return cost
+
+
+def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
+    """(rows verified, nodes drafted) -> a round's cost in one-row target steps on this host: the
+    verify forward from the curve plus drafting (`draft_cost`)."""
+    from quickdraft.costs.cost_curve import relative_cost
+
+    curve, _ = host_costs(parts)
+    drafting = draft_cost(parts, chain)
+    return lambda rows, nodes: relative_cost(curve, rows) + drafting(nodes)
 
 
 def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int, dict[str, int]]:
@@ -128,15 +137,15 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
         from quickdraft.costs.cost_curve import best_budget
 
         curve, _ = host_costs(parts)
-        cost = round_cost(parts, chain=False)
-        parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=lambda budget: cost(1, budget) - cost(1, 0))
+        parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost(parts, chain=False))
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
 
 
-def with_guard(decoder: SpeculativeDecoder, parts: DecodeParts, chain: bool) -> SpeculativeDecoder:
+def with_guard(decoder, parts: DecodeParts, chain: bool):
     """Attach the draft guard (`decoding/guard.py`: plain rounds while drafting measurably loses on
-    this host's costs, probes later) unless `--no-guard`; targets without a cost curve (the HF
+    this host's costs, probes later) to a decoder with a `guard` slot (the speculative loop,
+    one-process PEARL, priced as a chain) unless `--no-guard`; targets without a cost curve (the HF
     runtime) run unguarded."""
     if parts.config.draft.guard and parts.target.supports_trees:
         decoder.guard = DraftGuard(round_cost(parts, chain))
@@ -185,9 +194,7 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
     if not parts.config.pearl.parallel:
         decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
-        if parts.config.draft.guard and parts.target.supports_trees:  # its halves run one after the other
-            decoder.guard = DraftGuard(round_cost(parts, chain=True))
-        return decoder
+        return with_guard(decoder, parts, chain=True)  # its halves run one after the other
     if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 
