@@ -138,15 +138,48 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype):
 
 
 @needs_ops
-def test_w8a8_target_speculation_equals_its_plain_decoding():
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a8_linear_is_its_4bit_weights_times_int8_rows(rows, dtype):
+    from quickdraft.weights.w4a8 import w4a8_linear
+
+    torch.manual_seed(rows)
+    w = torch.randn(37, 70)
+    lin = w4a8_linear(w)
+    step = lin.d.repeat_interleave(32, dim=1)[:, :70]
+    assert ((lin.dequantized() - w).abs() <= step / 2 + 1e-3).all()  # the 4-bit grid of each block
+    x = torch.randn(rows, 70).to(dtype)
+    xf = F.pad(x.float(), (0, 26)).view(rows, 3, 32)  # the kernel's activation grid, emulated per block
+    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
+    xq = (torch.round(xf / sx) * sx).view(rows, 96)[:, :70]
+    want = F.linear(xq, lin.dequantized())
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+    assert lin(x).dtype == dtype
+    if dtype == torch.float32:  # negative control: without the int8 activations the tolerance fails
+        plain = F.linear(x.float(), lin.dequantized())
+        assert not torch.allclose(plain, want, atol=tol * want.abs().max().item(), rtol=tol)
+    # batch-invariant: a row's output is the same bits alone or among others (tiles of 8 rows and of 1)
+    torch.testing.assert_close(lin(x[-1:]), lin(x)[-1:], atol=0, rtol=0)
+    ids = torch.tensor([19, 3, 36])
+    torch.testing.assert_close(lin.rows(ids)(x), lin(x)[:, ids], atol=0, rtol=0)
+
+
+@needs_ops
+def test_w8a8_and_w4a8_target_speculation_equals_its_plain_decoding():
+    target = tiny_llama(dtype=torch.float32, layers=3, hidden=64)
+    for quantize in ("w8a8", "w4a8"):
+        _speculation_equals_plain(target, quantize)
+
+
+def _speculation_equals_plain(target, quantize: str) -> None:
     from quickdraft import Engine
     from quickdraft.config import SamplingConfig, StopConfig
     from quickdraft.options import options_from
 
-    target = tiny_llama(dtype=torch.float32, layers=3, hidden=64)
-    ar = Engine(target, options_from({"method": "ar", "quantize": "w8a8"}))
-    sd = Engine(target, options_from({"drafter": "ngram", "draft_length": 3, "quantize": "w8a8"}))
-    assert ar.info.weights == "w8a8"
+    ar = Engine(target, options_from({"method": "ar", "quantize": quantize}))
+    sd = Engine(target, options_from({"drafter": "ngram", "draft_length": 3, "quantize": quantize}))
+    assert ar.info.weights == quantize
     drafted = 0
     for prompt in ([5, 6, 7, 5, 6, 7], [9, 9, 9, 9], [1, 2, 1, 2, 1, 2]):
         a = ar.generate_ids(prompt, SamplingConfig(), StopConfig(24))

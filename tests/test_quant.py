@@ -22,8 +22,8 @@ from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import EngineConfig
 from quickdraft.runtime.native_cache import NativeCachedModel
-from quickdraft.weights.gguf_weights import q4_blocks, q8_0_blocks, unpermute_rows
-from quickdraft.weights.quant import Int4Linear, int4_linear, int8_linear, parse_quantize
+from quickdraft.weights.gguf_weights import int4_form, q4_blocks, q8_0_blocks, unpermute_rows
+from quickdraft.weights.quant import int4_linear, int8_linear, parse_quantize
 from quickdraft.weights.quantized import quantize_model
 
 from conftest import tiny_llama
@@ -33,7 +33,8 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 @pytest.mark.parametrize(
-    "text, mode, group", [("none", "none", 32), ("int8", "int8", 32), ("int4", "int4", 32), ("int4:64", "int4", 64)]
+    "text, mode, group",
+    [("none", "none", 32), ("int8", "int8", 32), ("w4a8", "w4a8", 32), ("int4", "int4", 32), ("int4:64", "int4", 64)],
 )
 def test_parse_quantize(text, mode, group):
     spec = parse_quantize(text)
@@ -41,7 +42,7 @@ def test_parse_quantize(text, mode, group):
     assert str(spec) == text
 
 
-@pytest.mark.parametrize("text", ["int3", "int4:16", "int4:128", "int8:32", "int4:x", "gguf:32"])
+@pytest.mark.parametrize("text", ["int3", "int4:16", "int4:128", "int8:32", "int4:x", "gguf:32", "w4a8:32"])
 def test_parse_quantize_refuses(text):
     with pytest.raises(QuickdraftError):
         parse_quantize(text)
@@ -86,10 +87,25 @@ def test_gguf_q4_blocks_are_the_packages_dequantized_values(kind):
     w = np.random.default_rng(0).standard_normal((32, 96)).astype(np.float32)
     raw = quants.quantize(w, qtype)
     expected = torch.from_numpy(quants.dequantize(raw, qtype))
-    lin = Int4Linear(*q4_blocks(raw, kind), group=32)
+    lin = int4_form(*q4_blocks(raw, kind))
     assert torch.equal(lin.dequantized(), expected)
     x = torch.randn(3, 96)
     assert torch.allclose(lin(x), F.linear(x, expected), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_q4_blocks_run_as_w4a8_blocks_exactly(kind):
+    from quickdraft.runtime import kernels
+    from quickdraft.weights.w4a8 import W4A8Linear
+
+    if kernels.fused_ops() is None:
+        pytest.skip("no fused kernels")
+    qtype = GGMLQuantizationType[kind]
+    w = np.random.default_rng(2).standard_normal((20, 96)).astype(np.float32)
+    raw = quants.quantize(w, qtype)
+    expected = torch.from_numpy(quants.dequantize(raw, qtype))
+    lin = W4A8Linear(*q4_blocks(raw, kind))
+    assert torch.equal(lin.dequantized(), expected)  # the GGUF's own blocks: d and m are fp16 there too
 
 
 def test_gguf_q8_0_blocks_are_the_packages_dequantized_values():

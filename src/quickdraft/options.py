@@ -47,7 +47,7 @@ class EngineConfig:
         device: auto | cpu | cuda.
         graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
             CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.
-        quantize: the target's weights: none | int8 | w8a8 | int4[:G] | gguf (models/quant.py); a quantized
+        quantize: the target's weights: none | int8 | w8a8 | w4a8 | int4[:G] | gguf (weights/quant.py); a quantized
             target is a different model, and speculation is lossless with respect to it.
         drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter).
     """
@@ -221,9 +221,9 @@ OPTIONS: dict[str, Option] = {
             "quantize",
             ("quantize",),
             str,
-            "the target's weights: none | int8 | w8a8 | int4[:32|:64] | gguf (its own 4-bit blocks; the embedded "
-            "default); weight-only but w8a8 (int8 activations too), native runtime; a quantized target is a "
-            "different model",
+            "the target's weights: none | int8 | w8a8 | w4a8 | int4[:32|:64] | gguf (its own 4-bit blocks; the "
+            "embedded default); weight-only but w8a8 and w4a8 (int8 activations too; w4a8 is the fastest step, on "
+            "the GGUF's own blocks where there is one), native runtime; a quantized target is a different model",
         ),
         Option("temperature", ("sampling", "temperature"), float, "0 = greedy", per_request=True),
         Option("top_k", ("sampling", "top_k"), int, "keep the k most likely tokens (0 = off)", per_request=True),

@@ -1,10 +1,13 @@
 """A GGUF Llama's own quantized blocks as native-runtime linears, without a dequantize-requantize trip.
 
-    Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact)
-    Q4_1  d, m (fp16) + 32 codes: w = q d + m       -> int4 groups of 32: scale d, zero m + 8 d
+    Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact), or
+                                                       w4a8 blocks: d, min -8 d
+    Q4_1  d, m (fp16) + 32 codes: w = q d + m       -> int4 groups of 32: scale d, zero m + 8 d, or
+                                                       w4a8 blocks: d, m (the block as it is)
     Q8_0  d (fp16) + 32 int8: w = q d               -> int8 per channel (re-rounded: the block scales
-                                                        do not fit one scale per row), or left to the
-                                                        loaded model's own float weight ("bf16")
+                                                        do not fit one scale per row), w8a8 blocks of
+                                                        32 (the same grid), or left to the loaded
+                                                        model's own float weight ("bf16")
     F32 / F16 / BF16                                -> left to the loaded model's own float weight
 
 In float32 the int4 forms reproduce the GGUF's dequantized values exactly (tested on the `gguf`
@@ -24,7 +27,8 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.quant import Int4Linear, int8_linear
+from quickdraft.weights.quant import Int4Linear, int8_linear, w8a8_linear
+from quickdraft.weights.w4a8 import W4A8Linear
 
 _LAYER = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 _HF = {
@@ -36,7 +40,8 @@ _HF = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-Q8_FORMS = ("bf16", "int8")
+Q8_FORMS = ("bf16", "int8", "w8a8")
+Q4_FORMS = ("int4", "w4a8")
 
 
 def _fp16(raw: np.ndarray) -> torch.Tensor:
@@ -45,14 +50,15 @@ def _fp16(raw: np.ndarray) -> torch.Tensor:
 
 
 def q4_blocks(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0 / Q4_1 rows as int4 groups of 32.
+    """Q4_0 / Q4_1 rows as 4-bit blocks of 32: w = q d + m.
 
     Args:
         raw: (out, blocks * bytes_per_block) uint8, the tensor's bytes as the GGUF stores them.
         kind: "Q4_0" or "Q4_1".
 
     Returns:
-        (codes (out, in) uint8 0..15, scale (out, blocks) float32, zero (out, blocks) float32).
+        (codes (out, in) uint8 0..15, d (out, blocks) float32, m (out, blocks) float32: -8 d for Q4_0).
+        Int4Linear's zero is m + 8 d (`int4_form`).
     """
     head = 2 if kind == "Q4_0" else 4
     out = raw.shape[0]
@@ -60,8 +66,13 @@ def q4_blocks(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, t
     d = _fp16(blocks[..., 0:2])
     qs = torch.from_numpy(np.ascontiguousarray(blocks[..., head:]))  # (out, nb, 16)
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1).reshape(out, -1)  # element j, then j + 16
-    zero = torch.zeros_like(d) if kind == "Q4_0" else _fp16(blocks[..., 2:4]) + 8 * d
-    return codes, d, zero
+    m = -8 * d if kind == "Q4_0" else _fp16(blocks[..., 2:4])
+    return codes, d, m
+
+
+def int4_form(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Int4Linear:
+    """4-bit blocks of 32 (w = q d + m) as aten's int4 groups: w = (q - 8) d + (m + 8 d)."""
+    return Int4Linear(codes, d, m + 8 * d, group=32)
 
 
 def q8_0_blocks(raw: np.ndarray) -> torch.Tensor:
@@ -79,24 +90,26 @@ def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-def gguf_linears(path: Path, config, q8: str = "int8") -> tuple[dict[str, object], dict[str, int]]:
+def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
     """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
 
     Args:
         path: the .gguf file.
         config: the model's Hugging Face config (heads, kv heads, tie_word_embeddings).
         q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
-            re-rounded from their exact float32 values) or "bf16" (left to the model's own weight).
+            re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid) or
+            "bf16" (left to the model's own weight).
+        q4: what Q4_0/Q4_1 tensors become: "int4" (aten's weight-only kernel) or "w4a8".
 
     Returns:
-        ({name: Int4Linear | Int8Linear}, {GGUF type: count of the linears' tensors}). Linears left to
-        the loaded model (float types; Q8_0 as "bf16") are counted but not returned: the model was
+        ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the
+        loaded model (float types; Q8_0 as "bf16") are counted but not returned: the model was
         converted from this same file, so its weights hold the same values.
     """
     from gguf import GGUFReader
 
-    if q8 not in Q8_FORMS:
-        raise QuickdraftError(f"GGUF Q8_0 form {q8!r}: choose one of {', '.join(Q8_FORMS)}")
+    if q8 not in Q8_FORMS or q4 not in Q4_FORMS:
+        raise QuickdraftError(f"GGUF forms {q8!r}, {q4!r}: choose from {', '.join(Q8_FORMS)} and {', '.join(Q4_FORMS)}")
     reader = GGUFReader(path)
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     linears: dict[str, object] = {}
@@ -124,7 +137,10 @@ def gguf_linears(path: Path, config, q8: str = "int8") -> tuple[dict[str, object
             n = raw.shape[0]
             order = unpermute_rows(n, heads if match.group(2) == "attn_q" else kv_heads)
             form = tuple(x[order] for x in form) if isinstance(form, tuple) else form[order]
-        form = Int4Linear(*form, group=32) if isinstance(form, tuple) else int8_linear(form)
+        if isinstance(form, tuple):
+            form = int4_form(*form) if q4 == "int4" else W4A8Linear(*form)
+        else:
+            form = int8_linear(form) if q8 == "int8" else w8a8_linear(form)
         name = "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
         linears[name] = form
     return linears, types

@@ -6,6 +6,9 @@
               way per row on the fly (llama.cpp's Q8_0 x Q8_0; VNNI's vpdpbusd in quickdraft's fused
               kernels, models/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
               instruction
+    w4a8      4-bit weights in blocks of 32 (a scale and a min each: a GGUF's Q4_1 blocks as they are)
+              times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `weights/w4a8.py`):
+              5 bits a weight streamed, the fastest one-row step; the LM head stays w8a8
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
     gguf      a GGUF model's own blocks, packed without a round trip (models/gguf_weights.py)
@@ -26,8 +29,10 @@ import torch.nn.functional as F
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
+from quickdraft.weights.w4a8 import W4A8Linear, w4a8_linear
+from quickdraft.weights.w4a8 import concat as concat_w4a8
 
-MODES = ("none", "int8", "w8a8", "int4", "gguf")
+MODES = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
 INT4_GROUPS = (32, 64)
 W8A8_BLOCK = 32  # inputs per scale block of w8a8 weights and activations (the kernel's)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
@@ -49,10 +54,12 @@ class QuantSpec:
 
 
 def parse_quantize(text: str | None) -> QuantSpec:
-    """`none | int8 | w8a8 | int4[:32|:64] | gguf` -> QuantSpec (a clear error naming what is wrong)."""
+    """`none | int8 | w8a8 | w4a8 | int4[:32|:64] | gguf` -> QuantSpec (a clear error naming what is wrong)."""
     mode, colon, group = (text or "none").partition(":")
     if mode not in MODES:
-        raise QuickdraftError(f"unknown quantization {text!r}; choose one of none, int8, w8a8, int4[:32|:64], gguf")
+        raise QuickdraftError(
+            f"unknown quantization {text!r}; choose one of none, int8, w8a8, w4a8, int4[:32|:64], gguf"
+        )
     if not colon:
         return QuantSpec(mode)
     if mode != "int4":
@@ -227,22 +234,26 @@ def int4_linear(weight: torch.Tensor, group: int = 32) -> Int4Linear:
 
 
 def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
-    """The kernel-form linear of a float32 (out, in) weight for `spec` (int8, w8a8 or int4)."""
+    """The kernel-form linear of a float32 (out, in) weight for `spec` (int8, w8a8, w4a8 or int4)."""
     if spec.mode == "int8":
         return int8_linear(weight)
     if spec.mode == "w8a8":
         return w8a8_linear(weight)
+    if spec.mode == "w4a8":
+        return w4a8_linear(weight)
     if spec.mode == "int4":
         return int4_linear(weight, spec.group)
     raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")
 
 
 def concat_rows(parts: list):
-    """One Int8Linear / Int4Linear over the parts' concatenated output rows, or None when the parts
-    are not all of one quantized kind (and, for int4, one group size)."""
+    """One Int8Linear / W8A8Linear / W4A8Linear / Int4Linear over the parts' concatenated output rows,
+    or None when the parts are not all of one quantized kind (and, for int4, one group size)."""
     for kind in (Int8Linear, W8A8Linear):
         if all(isinstance(p, kind) for p in parts):
             return kind(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, W4A8Linear) for p in parts):
+        return concat_w4a8(parts)
     if all(isinstance(p, Int4Linear) for p in parts) and len({p.group for p in parts}) == 1:
         cat = [torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "zero")]
         return Int4Linear(*cat, group=parts[0].group)

@@ -1,9 +1,10 @@
-"""Quantize a loaded model's linears for the native runtime: `--quantize int8|int4[:G]|gguf`.
+"""Quantize a loaded model's linears for the native runtime: `--quantize int8|w8a8|w4a8|int4[:G]|gguf`.
 
 Sources, best first: the model's own weights when it runs in float32/float64; else the checkpoint's
 float32 tensors read from its folder (the embedded default's folder holds the GGUF's exact
 dequantized values); a checkpoint stored in bf16 has nothing finer, and the report says so. `gguf`
-reads the GGUF file the model came from (models/gguf_weights.py). The embedding table, norms and
+reads the GGUF file the model came from (weights/gguf_weights.py), and so does `w4a8` where there is
+one (its Q4 blocks as they are). The embedding table, norms and
 RoPE stay as loaded (a lookup, not a matmul).
 """
 
@@ -35,6 +36,7 @@ LINEARS = (
 # with an int8 head 0.981 (12.3 ms). So int4 keeps an int8 head, and the GGUF's Q8_0 head becomes int8.
 GGUF_Q8 = "int8"
 INT4_HEAD = "int8"
+W4A8_HEAD = "w8a8"  # w4a8 keeps an 8-bit head as well: the GGUF's Q8_0 head on the same grid
 
 
 @dataclass
@@ -122,7 +124,11 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
     start = time.perf_counter()
     config = loaded.model.config
-    if spec.mode == "gguf":
+    if spec.mode == "w4a8" and loaded.gguf is not None:  # the GGUF's own 4-bit blocks, an 8-bit head
+        linears, types = gguf_linears(loaded.gguf, config, q8="w8a8", q4="w4a8")
+        counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+        source = f"{loaded.gguf.name} ({counts}; Q4 blocks as they are, Q8_0 as w8a8)"
+    elif spec.mode == "gguf":
         if loaded.gguf is None:
             raise QuickdraftError(
                 f"--quantize gguf: {loaded.name} was not loaded from a GGUF file (the embedded default is); "
@@ -133,7 +139,7 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
         source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
     elif spec.active:
         weight, source = _float32_source(loaded)
-        head = parse_quantize(INT4_HEAD) if spec.mode == "int4" else spec
+        head = parse_quantize({"int4": INT4_HEAD, "w4a8": W4A8_HEAD}.get(spec.mode, str(spec)))
         linears = {}
         for name in linear_names(config):
             form = head if name == "lm_head.weight" else spec

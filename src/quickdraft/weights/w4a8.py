@@ -1,0 +1,87 @@
+"""4-bit weights times int8 activations (`--quantize w4a8`): llama.cpp's Q4_1 x Q8_1 on VNNI.
+
+A weight is w = q d + m, q a code 0..15, with one fp16 scale d and min m per output and block of 32
+inputs: exactly a GGUF's Q4_1 block (Q4_0's: m = -8 d), so the embedded default's layers run on their
+own 4-bit blocks with no round trip (`gguf_weights.py`); other models' float32 weights get min-max
+blocks (`w4a8_linear`). Activations are quantized per row and block of 32 on the fly (absmax / 127),
+as w8a8's. The kernel (`runtime/kernels/fused.cpp`: `pack_q4`, `linear_w4a8`) streams 5 bits a weight
+(codes, then the block's d and m) and multiplies 64 code-activation pairs a vpdpbusd; a row's result
+does not depend on the rows beside it (integer sums per block, then one float order), so a verify row
+is the same bits as the row decoded alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.runtime import kernels
+
+BLOCK = 32  # inputs per block of codes (and of the activations' scales)
+
+
+class W4A8Linear:
+    """y = x W^T with W[o, k] = q[o, k] d[o, k // 32] + m[o, k // 32] and x quantized per row and block.
+
+    Args:
+        codes: (out, in) uint8 codes 0..15.
+        d, m: (out, ceil(in / 32)) float scales and mins (held in fp16, as a GGUF holds them).
+    """
+
+    __slots__ = ("codes", "d", "m", "packed", "_kernel")
+
+    def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        ops = kernels.fused_ops()
+        if ops is None:
+            raise QuickdraftError("--quantize w4a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        self.codes = codes.to(torch.uint8).contiguous()
+        self.d, self.m = d.half().float().contiguous(), m.half().float().contiguous()
+        self.packed = ops.pack_q4(self.codes, self.d, self.m)  # (ceil(out/16), blocks, 320) uint8
+        self._kernel = ops.linear_w4a8
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
+        return kernels.on_rows(self._kernel, x, self.codes.shape[0], self.packed)
+
+    def rows(self, ids: torch.Tensor) -> W4A8Linear:
+        """The same linear over output rows `ids` only (exact: rows are independent)."""
+        return W4A8Linear(self.codes[ids], self.d[ids], self.m[ids])
+
+    def dequantized(self) -> torch.Tensor:
+        """(out, in) float32: the weight the kernel computes with."""
+        out, k = self.codes.shape
+        blocks = self.d.shape[1]
+        q = F.pad(self.codes.float(), (0, blocks * BLOCK - k)).view(out, blocks, BLOCK)
+        return (q * self.d[..., None] + self.m[..., None]).view(out, -1)[:, :k]
+
+    @property
+    def out_features(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+
+def w4a8_linear(weight: torch.Tensor) -> W4A8Linear:
+    """Min-max 4-bit blocks of 32 inputs of a float32 (out, in) weight: each block's 16 levels span
+    [min, max] (a weight already on a 4-bit grid, e.g. a dequantized Q4_1 block, lands back on it up to
+    the fp16 rounding of d and m)."""
+    w = weight.detach().float()
+    out, k = w.shape
+    blocks = -(-k // BLOCK)
+    padded = F.pad(w, (0, blocks * BLOCK - k)).view(out, blocks, BLOCK)
+    if k % BLOCK:  # the padding must not widen the last block's range
+        last = padded[:, -1, : k % BLOCK]
+        padded[:, -1, k % BLOCK :] = last[:, :1]
+    lo, hi = padded.amin(-1), padded.amax(-1)
+    d = ((hi - lo) / 15).clamp_min(1e-8).half().float()
+    m = lo.half().float()
+    q = torch.round((padded - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8).view(out, -1)[:, :k]
+    return W4A8Linear(q, d, m)
+
+
+def concat(parts: list[W4A8Linear]) -> W4A8Linear:
+    """One linear over the parts' concatenated output rows."""
+    return W4A8Linear(*(torch.cat([getattr(p, n) for p in parts]) for n in ("codes", "d", "m")))
