@@ -1,6 +1,6 @@
 """Step costs and greedy agreement of each weight form of the target (issue #25's report).
 
-For bf16, int8, int4 and gguf weights of the target (native runtime, this host's threads):
+For bf16, int8, w8a8, w4a8, int4 and gguf weights of the target (native runtime, this host's threads):
 - the median seconds of a forward over 1, 5, 9 and 17 new rows after 200 cached tokens
   (interleaved across forms, so drift hits each alike);
 - teacher-forced greedy agreement with the bf16 target: the bf16 target's own greedy continuations
@@ -33,7 +33,7 @@ from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.weights.loading import load_model
 from quickdraft.weights.quantized import quantize_model
 
-FORMS = ("none", "int8", "w8a8", "int4", "gguf")
+FORMS = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
 ROWS = (1, 5, 9, 17)
 
 

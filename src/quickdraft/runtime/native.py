@@ -15,12 +15,14 @@ owner of the cache) says where the new rows are written; the cache never realloc
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 
 import torch
 
 from quickdraft.runtime.batch_cache import BatchKVCache
 from quickdraft.runtime.block_parts import gemma_norm
 from quickdraft.runtime.families import describe, rope_sets, unsupported_reason
+from quickdraft.runtime.fused_layers import LayerKernels
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
 from quickdraft.runtime.llama_block import Block, KVCache, add_norm, rope_tables
 
@@ -102,6 +104,7 @@ class NativeLlama:
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)  # logits c * tanh(z / c) (Gemma 2)
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
+        self.kernel_layers = LayerKernels(self.layers, self.windows)  # plain blocks: one C++ call a run
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(
@@ -166,14 +169,27 @@ class NativeLlama:
             mask = torch.cat([torch.ones(n, at, dtype=torch.bool, device=self.device), new.to(self.device)], dim=1)
         if mask is not None and n == 1 and bool(mask.all()):
             mask = None  # one row that sees everything: the unmasked kernel, as a plain step
-        windowed = {w: window_mask(mask, at, positions, w) for w in set(self.windows[start:stop]) if w}
         kept: dict[int, torch.Tensor] = {}
+        if len(set(self.rope_keys[start:stop])) == 1 and self.kernel_layers.runs(
+            x, cache, start, stop
+        ):  # one C++ call per run of layers between kept states
+            cos, sin = tables[self.rope_keys[start]]
+            bounds = sorted({start, stop, *(k for k in keep_hidden if start < k < stop)})
+            for a, b in pairwise(bounds):
+                if a in keep_hidden:
+                    kept[a] = x
+                x = self.kernel_layers(x, cache, a, b, at, cos, sin, mask)
+            return self._finish(x, stop, keep_hidden, kept)
+        windowed = {w: window_mask(mask, at, positions, w) for w in set(self.windows[start:stop]) if w}
         for i in range(start, stop):
             if i in keep_hidden:
                 kept[i] = x
             cos, sin = tables[self.rope_keys[i]]
             w = self.windows[i]
             x = self.layers[i].forward(x, cos, sin, cache, i, at, windowed[w] if w else mask)
+        return self._finish(x, stop, keep_hidden, kept)
+
+    def _finish(self, x: torch.Tensor, stop: int, keep_hidden, kept: dict) -> tuple[torch.Tensor, dict]:
         if stop in keep_hidden:
             kept[stop] = x
         if stop == self.num_layers:

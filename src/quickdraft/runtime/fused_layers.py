@@ -1,0 +1,96 @@
+"""A run of plain Llama blocks as one C++ call (`kernels/fused.cpp`: `llama_layers`).
+
+`llama_block.Block._fused_forward` calls the fused kernels one by one from Python; on a small model
+the Python between them is a real share of the step (AMD EPYC, 2 threads, SmolLM2-135M with w4a8
+weights: about 0.7 ms of a 4.4 ms one-row step). `LayerKernels` hands the whole run of layers to one
+call that does the same kernels in the same order, so a forward through it is the same bits as
+through the Python path (tested). It runs where every layer of the run is a plain Llama block
+whose linears are kernel forms: our packed bf16 (`runtime/linear.py`, the "fused" kind), w8a8 or
+w4a8 (`weights/`); otherwise, or for more rows than the attention kernel takes, the Python path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.runtime import kernels
+from quickdraft.runtime.linear import Linear, PackedRows
+from quickdraft.runtime.llama_block import ATTEND_ROWS, Block, KVCache
+from quickdraft.weights.quant import W8A8Linear
+from quickdraft.weights.w4a8 import W4A8Linear
+
+_NONE = torch.empty(0)
+
+
+def kernel_form(lin) -> tuple[int, torch.Tensor, torch.Tensor, int] | None:
+    """(kind, packed, scales or an empty tensor, out features) of a linear `llama_layers` runs, or None."""
+    if isinstance(lin, Linear) and lin.kind == "fused" and lin.packed is not None:
+        return 0, lin.packed, _NONE, lin.weight.shape[0]
+    if isinstance(lin, PackedRows) and lin.kind == "fused":
+        return 0, lin.packed, _NONE, lin.out
+    if isinstance(lin, W8A8Linear):
+        return 1, lin.packed, lin.packed_scales, lin.out_features
+    if isinstance(lin, W4A8Linear):
+        return 2, lin.packed, _NONE, lin.out_features
+    return None
+
+
+def _layer_args(block: Block) -> tuple | None:
+    """(norms, [(kind, a, b, out)] x 4) of a block the call runs, or None."""
+    if not block.plain or block.down is None or len(block.qkv) != 1 or len(block.gate_up) != 1:
+        return None
+    if block.gate_up_sizes[0] != block.gate_up_sizes[1]:
+        return None
+    forms = [kernel_form(f) for f in (block.qkv[0], block.wo, block.gate_up[0], block.down)]
+    if any(f is None for f in forms):
+        return None
+    return (block.attn_norm, block.mlp_norm), forms
+
+
+class LayerKernels:
+    """The arguments of `llama_layers` for a model's blocks, built once.
+
+    Args:
+        layers: the model's blocks.
+        windows: each layer's sliding window (0: none); a windowed layer runs in Python.
+    """
+
+    def __init__(self, layers: list[Block], windows: list[int]) -> None:
+        self.layers = [None if w else _layer_args(b) for b, w in zip(layers, windows, strict=True)]
+        first = layers[0] if layers else None
+        self.shape = (first.heads, first.kv_heads, first.eps) if first is not None else None
+        self._runs: dict[tuple[int, int], tuple] = {}
+
+    def runs(self, x: torch.Tensor, cache: KVCache, start: int, stop: int) -> bool:
+        """Whether layers [start, stop) over rows x (T, H) of `cache` go through the one call."""
+        return (
+            type(cache) is KVCache
+            and x.dim() == 2
+            and x.shape[0] <= ATTEND_ROWS
+            and cache.k.dtype == x.dtype
+            and all(self.layers[i] is not None for i in range(start, stop))
+            and kernels.usable(x)
+        )
+
+    def _args(self, start: int, stop: int) -> tuple:
+        key = (start, stop)
+        if key not in self._runs:
+            norms, kinds, wa, wb, outs = [], [], [], [], []
+            for i in range(start, stop):
+                (attn, mlp), forms = self.layers[i]
+                norms += [attn, mlp]
+                for kind, a, b, out in forms:
+                    kinds.append(kind), wa.append(a), wb.append(b), outs.append(out)
+            self._runs[key] = (norms, kinds, wa, wb, outs)
+        return self._runs[key]
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, start: int, stop: int, at: int, cos, sin, mask) -> torch.Tensor:
+        """Layers [start, stop) over x (T, H) written at cache positions at..at+T; cos, sin (T, d);
+        mask (T, at + T) bool or None -> (T, H)."""
+        if start == stop:
+            return x
+        heads, kv_heads, eps = self.shape
+        cos, sin = cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous()
+        return kernels.fused_ops().llama_layers(
+            x, *self._args(start, stop), cache.k, cache.v, start, at, cos, sin, mask, heads, kv_heads, eps
+        )

@@ -1,0 +1,67 @@
+"""The one-call run of plain Llama blocks (`runtime/fused_layers.py`, `llama_layers`) is the same bits
+as the layer-by-layer kernels it replaces, for every linear kind it takes, with kept states and trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft.runtime import kernels
+from quickdraft.runtime.fused_layers import LayerKernels, kernel_form
+from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.quantized import quantize_model
+
+from conftest import tiny_llama
+
+needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="the fused kernels could not be built here")
+
+
+def _owner(target, quantize: str) -> NativeCachedModel:
+    linears = None
+    if quantize != "none":
+        from quickdraft.weights.loading import LoadedModel
+
+        loaded = LoadedModel(target.model, None, "tiny")
+        linears = quantize_model(loaded, quantize).linears
+    return NativeCachedModel(target.model, linears=linears)
+
+
+def _run(owner: NativeCachedModel) -> list[torch.Tensor]:
+    """A prefill, a step, a verify, a tree (with a kept state), as the decoders call them."""
+    out = [owner.extend([5, 9, 13, 2, 40, 41, 7, 3]), owner.extend([11])]
+    out.append(owner.extend([12, 13, 14, 15, 16]))
+    owner.rollback(9)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    tree = owner.forward([12, 13, 20], positions=[9, 10, 10], tree_mask=mask, keep_hidden=[1, 3])
+    return out + [tree.logits, tree.hidden[1], tree.hidden[3]]
+
+
+@needs_ops
+@pytest.mark.parametrize(
+    "dtype, quantize",
+    [(torch.bfloat16, "none"), (torch.float32, "w8a8"), (torch.float32, "w4a8"), (torch.bfloat16, "w4a8")],
+)
+def test_one_call_equals_the_layer_by_layer_kernels(dtype, quantize, monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
+    target = tiny_llama(dtype=dtype, layers=3, hidden=64)
+    fast = _owner(target, quantize)
+    assert all(layer is not None for layer in fast.net.kernel_layers.layers)  # every block takes the call
+    calls = []
+    real = LayerKernels.__call__
+    monkeypatch.setattr(LayerKernels, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    got = _run(fast)
+    assert calls  # the one-call path ran
+    monkeypatch.setattr(LayerKernels, "runs", lambda self, *a: False)
+    want = _run(_owner(target, quantize))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_ops
+def test_linears_the_call_cannot_take_stay_in_python(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "0")  # F.linear: no kernel form
+    target = tiny_llama(dtype=torch.bfloat16, layers=2, hidden=64)
+    owner = NativeCachedModel(target.model)
+    assert kernel_form(owner.net.layers[0].wo) is None
+    assert owner.net.kernel_layers.layers == [None, None]
+    assert owner.extend([1, 2, 3]).shape[0] == 3
