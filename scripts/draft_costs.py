@@ -1,7 +1,7 @@
 """Each drafter's own step against the target's, beside its weight bytes (issue "the step at the floor",
 item 4: a draft step should cost at most 1.2 x (its weight bytes / the target's) of a target step).
 
-    python scripts/draft_costs.py [--drafters distilled,truncated:6,kangaroo,head,specdec,quant:int4,quant:gguf]
+    python scripts/draft_costs.py [--drafters distilled,truncated:6,kangaroo,head,specdec,quant:w4a8,...]
 
 Target: the embedded default in bf16 on the native runtime, this host's threads. Draft steps come from
 each drafter's own `step_seconds()` (what PEARL's window and the tree budget read), medians of 5 calls
@@ -23,7 +23,7 @@ from quickdraft.drafters import make_drafter
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
 
-DEFAULT = "distilled,truncated:6,kangaroo,head,specdec,quant:int4,quant:gguf"
+DEFAULT = "distilled,truncated:6,kangaroo,head,specdec,quant:int4,quant:gguf,quant:w4a8"
 
 
 def weight_bytes(module) -> int:
@@ -46,7 +46,7 @@ def draft_bytes(drafter, loaded) -> int | None:
     if drafter.name.startswith("quant"):  # the target's own weights in kernel form, plus its norms
         from quickdraft.weights.quantized import quantize_model
 
-        mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "int4"
+        mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "w4a8"
         quantized = quantize_model(loaded, mode.split("@")[0])
         norms = sum(weight_bytes(layer.input_layernorm) + weight_bytes(layer.post_attention_layernorm)
                     for layer in loaded.model.model.layers)  # fmt: skip

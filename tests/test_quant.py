@@ -358,3 +358,9 @@ def test_a_bf16_model_is_quantized_from_its_float32_checkpoint(tiny_model_dir):
     assert torch.equal(q.linears[name].q, exact.q) and torch.equal(q.linears[name].scales, exact.scales)
     rounded = int8_linear(dict(bf16.model.named_parameters())[name])
     assert not torch.equal(q.linears[name].q, rounded.q)  # the bf16 copy would have given other codes
+
+
+def test_a_bare_quant_drafter_is_the_w4a8_self_draft():
+    from quickdraft.drafters.model_drafter import parse_quant
+
+    assert parse_quant(None).mode == "w4a8" and parse_quant("int4").mode == "int4"
