@@ -101,8 +101,10 @@ GROUPS: dict[str, list[Step]] = {
             "--draft-length 1",
             SMALL,
         ),
+        Step("quickdraft generate ... --quantize w4a8", SMALL),
         Step("quickdraft generate ... --quantize gguf", SMALL),
         Step("quickdraft generate ... --quantize int8 --method ar", SMALL),
+        Step("quickdraft generate ... --drafter quant", SMALL),
         Step("quickdraft generate ... --drafter quant:gguf --draft-length 4", SMALL),
         Step(
             "quickdraft bench --quick --methods ar,ar:quantize=gguf,sd:quantize=gguf,sd:drafter=quant:int4",
