@@ -16,6 +16,7 @@
 #include <ATen/OpMathType.h>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 #if defined(__x86_64__)
@@ -130,6 +131,104 @@ Tensor rope_store(const Tensor& y, const Tensor& cos, const Tensor& sin, Tensor 
   return q;
 }
 
+#if defined(__AVX512F__)
+// ---- attention with AVX-512, a kv head's query rows at a time -------------------------------------------
+// Scores of 16 keys at a time: d/16 FMAs a key into a vector of partial sums, then one shuffle tree turns 16
+// such vectors into 16 scores (about 3 instructions a key, where a reduction per key takes 8). Each row's
+// arithmetic is fixed (a key's score is the same tree over its own partial sums wherever it falls; softmax
+// and the values in key order, one key at a time), whatever the rows beside it: batch-invariant, as the
+// generic kernel below.
+inline __m512 load16f(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16f(const at::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// The lane sums of 16 vectors, as one vector (lane j: the sum of a[j]'s lanes). Every output is the same
+// fixed tree of additions over its own vector's lanes, whatever its place among the 16 (or the others).
+inline __m512 lane_sums16(__m512 a[16]) {
+  __m512 b[8], c[4];
+  for (int k = 0; k < 8; ++k)
+    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)
+    c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44), _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+
+template <typename scalar_t, int D16>
+void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M, scalar_t* O,
+                       int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t length, float scale) {
+  constexpr int64_t d = 16 * D16;
+  const int64_t padded = (length + 15) / 16 * 16;
+  thread_local std::vector<float> p, keep;
+  p.resize(padded);
+  keep.resize(length);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t t = r / group, h = g * group + r % group;
+    __m512 q[D16];
+    for (int c = 0; c < D16; ++c) q[c] = _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc);
+    for (int64_t j0 = 0; j0 < length; j0 += 16) {  // scores of 16 keys at a time (a short block: zeros)
+      __m512 part[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        const int64_t j = j0 + jj;
+        if (j >= length) {
+          part[jj] = _mm512_setzero_ps();
+          continue;
+        }
+        const scalar_t* kr = Kg + j * d;
+        __m512 acc = _mm512_mul_ps(q[0], load16f(kr));
+        for (int c = 1; c < D16; ++c) acc = _mm512_fmadd_ps(q[c], load16f(kr + 16 * c), acc);
+        part[jj] = acc;
+      }
+      _mm512_storeu_ps(p.data() + j0, lane_sums16(part));
+    }
+    const bool* mrow = M ? M + t * length : nullptr;
+    for (int64_t j = 0; j < length; ++j) keep[j] = (mrow && !mrow[j]) ? 0.f : 1.f;
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, p[j]) : best;
+    for (int64_t j = 0; j < length; ++j) p[j] = fast_exp(p[j] - best) * keep[j];  // masked keys: exactly 0
+    float total = 0.f;
+    __m512 acc[D16];
+    for (int c = 0; c < D16; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < length; ++j) {  // values summed in key order, one key at a time
+      total += p[j];
+      const __m512 e = _mm512_set1_ps(p[j]);
+      const scalar_t* vr = Vg + j * d;
+      for (int c = 0; c < D16; ++c) acc[c] = _mm512_fmadd_ps(e, load16f(vr + 16 * c), acc[c]);
+    }
+    alignas(64) float out[d];
+    for (int c = 0; c < D16; ++c) _mm512_store_ps(out + 16 * c, acc[c]);
+    scalar_t* o = O + t * heads * d + h * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(out[i] / total);
+  }
+}
+
+template <typename scalar_t>
+bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
+                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t length) {
+  if (d != 64 && d != 128 && d != 256) return false;
+  // tasks: a kv head's rows (row x head of its group) in chunks, about 8 tasks a call, at most 16 rows each
+  const int64_t group = heads / kv, rows = T * group;
+  const int64_t chunk = std::min<int64_t>(16, std::max<int64_t>(1, (rows * kv + 7) / 8));
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / chunks, r0 = (task % chunks) * chunk, r1 = std::min(rows, r0 + chunk);
+      const scalar_t* Kg = Kp + g * cap * d;
+      const scalar_t* Vg = Vp + g * cap * d;
+      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+    }
+  });
+  return true;
+}
+#endif
+
 // q: (T, heads, d); k_cache, v_cache: (kv, capacity, d); the first `length` positions are attended to,
 // under mask (T, length) bool when given (None: every row sees all). Returns (T, heads * d).
 Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t length,
@@ -150,6 +249,11 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
     const scalar_t* Vp = v_cache.data_ptr<scalar_t>();
     const bool* M = masked ? m.data_ptr<bool>() : nullptr;
     scalar_t* O = out.data_ptr<scalar_t>();
+#if defined(__AVX512F__)
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, length)) return;
+    }
+#endif
     const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
     at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> p(length), keep(length), qf(d), acc(d);
