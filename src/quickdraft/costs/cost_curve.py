@@ -25,13 +25,15 @@ _MEMO: dict[str, dict[int, float]] = {}
 
 def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
     """What a measured curve depends on: CPU model and kernels, threads, torch, the runtime's kernels
-    (the packed linear chosen here, the fused block kernels or not), dtype, model and its weights'
+    (the packed linear chosen here, the fused block kernels' build or none), dtype, model and its weights'
     form (a quantized target's curve is much steeper: its kernels are row-bound)."""
     from quickdraft.runtime import kernels
     from quickdraft.runtime.linear import packing
 
     capability = torch.backends.cpu.get_cpu_capability()
-    runtime = f"{packing() or 'plain'}-{'fused' if kernels.fused_ops() is not None else 'torch'}"
+    # the fused kernels' build (source, torch, CPU flags): a changed kernel is measured anew
+    fused = f"fused{kernels.build_dir().name[:8]}" if kernels.fused_ops() is not None else "torch"
+    runtime = f"{packing() or 'plain'}-{fused}"
     raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{runtime}"
     raw += f"-{dtype}-{model_name}"
     raw += "" if weights == "none" else f"-{weights}"
