@@ -9,6 +9,7 @@ For bf16, int8, w8a8, w4a8, int4 and gguf weights of the target (native runtime,
 
     python scripts/quant_costs.py --out docs/bench/quant-costs [--prompts 6 --tokens 96]
     python scripts/quant_costs.py --forms none,w8a8,int8,gguf --heldout ../shared/data/seqkd --prompts 24
+    python scripts/quant_costs.py --target gemma3-270m --forms none,w4a8 --prompts 12 --tokens 64
 
 --heldout DIR scores agreement on the first N held-out rows of the SeqKD corpus (their chat-templated
 prompts, the bf16 target's own greedy continuations) instead of Spec-Bench prompts.
@@ -80,11 +81,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated weight forms (none = bf16)")
+    ap.add_argument("--target", default="default", help="a named target (e.g. gemma3-270m), folder or .gguf")
     ap.add_argument("--heldout", default=None, help="a SeqKD corpus folder: score its held-out prompts")
     args = ap.parse_args()
     forms = tuple(args.forms.split(","))
     torch.set_num_threads(args.threads)
-    target = load_model("default", "bfloat16")
+    target = load_model(args.target, "bfloat16")
     codec = PromptCodec.for_target(target)
     owners = {}
     for form in forms:

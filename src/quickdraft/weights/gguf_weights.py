@@ -144,3 +144,20 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         name = "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
         linears[name] = form
     return linears, types
+
+
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer
+
+
+def gguf_types(path: Path, config) -> dict[str, str]:
+    """{Hugging Face parameter name of a linear: its GGUF block type} (the tied LM head included)."""
+    from gguf import GGUFReader
+
+    types = {}
+    for t in GGUFReader(path).tensors:
+        match = _LAYER.match(t.name)
+        if match is not None:
+            types[f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"] = t.tensor_type.name
+        elif t.name == "output.weight" or (t.name == "token_embd.weight" and config.tie_word_embeddings):
+            types.setdefault("lm_head.weight", t.tensor_type.name)
+    return types
