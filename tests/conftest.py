@@ -13,6 +13,18 @@ from quickdraft.runtime.cached_model import TokenCacheVerbs
 from quickdraft.weights.loading import LoadedModel
 
 CHARS = string.ascii_lowercase + " .,!?"
+
+
+@pytest.fixture(autouse=True)
+def _lookups_priced_at_zero(monkeypatch):
+    """Tests pin what the cost model measures (curves through `cost_curve._MEMO`): a suffix drafter's
+    lookups, timed on this host, would outweigh a tiny target's step and turn speculation off. A
+    test of that pricing sets `SuffixDrafter.lookup_seconds` itself."""
+    from quickdraft.drafters.suffix import SuffixDrafter
+
+    monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: None)
+
+
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 
 

@@ -81,3 +81,30 @@ def test_measured_curve_has_every_width():
     target = tiny_llama(vocab=64, layers=1, seed=3)
     curve = measure_cost_curve(cached_model(target.model, 64), widths=(1, 2, 5), context=16, repeats=2)
     assert set(curve) == {1, 2, 5} and curve[1] == 1.0 and all(v > 0 for v in curve.values())
+
+
+def test_a_drafters_lookups_are_priced_once_a_drafted_round(monkeypatch):
+    """The suffix drafter's measured lookups (index search, tree building) join every drafted round's
+    price: the guard's and the auto budget's. Large enough, they turn speculation off."""
+    from quickdraft.drafters.suffix import SuffixDrafter
+
+    target = tiny_llama(vocab=64, layers=2, seed=3)
+    monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: 0.0)
+    out = _auto_engine(target, monkeypatch, AVX512).generate_ids([1, 2, 3], SamplingConfig(), StopConfig(12))
+    assert out.stats.extra["tree_budget_auto"] == 8
+    monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: 10.0)  # ten seconds a round: never pays
+    out = _auto_engine(target, monkeypatch, AVX512).generate_ids([1, 2, 3], SamplingConfig(), StopConfig(12))
+    assert out.stats.extra == {"tree_auto_no_speculation": 1} and out.stats.num_draft_tokens == 0
+
+
+def test_the_suffix_drafters_lookup_is_measured_without_touching_its_request(monkeypatch):
+    from quickdraft.drafters.suffix import SuffixDrafter
+
+    monkeypatch.undo()  # the real measurement (conftest prices lookups at zero)
+    index = SuffixIndex(concat_documents([list(range(5, 60)) * 60]))
+    drafter = SuffixDrafter(index)
+    drafter.begin([1, 2])
+    drafter.last_context = [1, 2, 3]
+    assert 0 < drafter.lookup_seconds() < 1
+    assert drafter.last_context == [1, 2, 3]  # the request's state, as it was
+    assert SuffixDrafter(None).lookup_seconds() > 0  # no datastore: a synthetic context

@@ -77,10 +77,11 @@ def _ar(parts: DecodeParts, sampling: SamplingConfig):
     return Autoregressive(parts.target)
 
 
-def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None]:
+def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None, float]:
     """(this host's verify-cost curve for the target, a model drafter's step in target steps or None
-    for a model-free drafter), measured once per engine (the curve once per host for the shipped
-    default). Only targets that verify trees (the native runtime) have a curve."""
+    for a model-free drafter, the drafter's lookups a round in target steps), measured once per
+    engine (the curve once per host for the shipped default). Only targets that verify trees (the
+    native runtime) have a curve."""
     if "host_costs" not in parts.memo:
         from quickdraft.costs.cost_curve import cost_curve
         from quickdraft.weights.delta import SHIPPED_FOR
@@ -90,23 +91,29 @@ def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None]:
             parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
         )
         draft_step = drafter_step_seconds(parts.drafter)
-        ratio = None if draft_step is None else draft_step / step_seconds(parts.target)
-        parts.memo["host_costs"] = (curve, ratio)
+        lookup = None if parts.drafter is None else parts.drafter.lookup_seconds()
+        step = step_seconds(parts.target) if draft_step is not None or lookup is not None else 1.0
+        ratio = None if draft_step is None else draft_step / step
+        parts.memo["host_costs"] = (curve, ratio, 0.0 if lookup is None else lookup / step)
     return parts.memo["host_costs"]
 
 
 def draft_cost(parts: DecodeParts, chain: bool) -> Callable[[int], float]:
     """nodes drafted -> what drafting them costs, in one-row target steps: a model drafter's
-    forwards at their measured step (one per chain token; one per expanded level of a tree), 0 for
-    a model-free drafter."""
+    forwards at their measured step (one per chain token; one per expanded level of a tree), plus
+    the drafter's measured lookups (a suffix drafter's index search and tree building) once a
+    drafted round."""
     from quickdraft.costs.cost_curve import tree_draft_forwards
 
-    _, ratio = host_costs(parts)
+    _, ratio, lookup = host_costs(parts)
 
     def cost(nodes: int) -> float:
-        if ratio is None or not nodes:
+        if not nodes:
             return 0.0
-        return ratio * (nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes)))
+        forwards = (
+            0.0 if ratio is None else ratio * (nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes)))
+        )
+        return forwards + lookup
 
     return cost
 
@@ -116,7 +123,7 @@ def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
     verify forward from the curve plus drafting (`draft_cost`)."""
     from quickdraft.costs.cost_curve import relative_cost
 
-    curve, _ = host_costs(parts)
+    curve = host_costs(parts)[0]
     drafting = draft_cost(parts, chain)
     return lambda rows, nodes: relative_cost(curve, rows) + drafting(nodes)
 
@@ -136,7 +143,7 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     if "tree_budget" not in parts.memo:
         from quickdraft.costs.cost_curve import best_budget
 
-        curve, _ = host_costs(parts)
+        curve = host_costs(parts)[0]
         parts.memo["tree_budget"] = best_budget(curve, gain, draft_cost=draft_cost(parts, chain=False))
     budget = parts.memo["tree_budget"]
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}

@@ -122,6 +122,13 @@ class Drafter:
         Used to size PEARL's window; may reset the drafter's state (call between generations)."""
         return None
 
+    def lookup_seconds(self) -> float | None:
+        """Measured seconds a propose spends outside model forwards (index lookups, tree building),
+        or None when that is negligible: the draft guard and the auto tree budget add it to every
+        drafted round. A drafter built from parts: theirs, summed."""
+        found = [s for s in (p.lookup_seconds() for p in self.parts) if s is not None]
+        return sum(found) if found else None
+
     def bind(self, shallow) -> None:
         """Receive the handle on the target's first `runs_target_layers` layers over its cache
         (`models.native_cache.ShallowPass`; drafters with `runs_target_layers` only)."""
