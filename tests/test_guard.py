@@ -91,6 +91,32 @@ def test_every_sd_engine_is_guarded_unless_no_guard():
     assert chain(5, 4) - chain(5, 0) == pytest.approx(4 * per_token)
 
 
+def test_greedy_generations_carry_the_verdict_and_sampled_ones_start_fresh():
+    """A greedy request's tokens do not depend on which rounds drafted, so greedy generations share
+    one guard per engine (a pause goes on into the next request); a sampled one gets its own, so a
+    seeded request does not depend on the requests before it."""
+    from quickdraft.decoding.registry import METHODS
+    from quickdraft.engine import Engine
+    from quickdraft.options import options_from
+
+    target = tiny_llama(dtype=torch.float64)
+    engine = Engine(target, options_from({"method": "sd", "dtype": "float64", "drafter": "ngram", "draft_length": 3}))
+    first = METHODS["sd"].build(engine.parts, SamplingConfig())
+    second = METHODS["sd"].build(engine.parts, SamplingConfig())
+    assert first.guard is second.guard and first.guard.carries
+    first.guard.update(3, 1)
+    first.guard._plain_left = 5  # a pause in progress
+    first.guard.reset()  # a new greedy generation: the pause goes on
+    assert not second.guard.drafts()
+    sampled = [METHODS["sd"].build(engine.parts, SamplingConfig(temperature=0.8)) for _ in range(2)]
+    assert sampled[0].guard is not sampled[1].guard and not sampled[0].guard.carries
+    assert sampled[0].guard is not first.guard and sampled[0].guard.drafts()
+    guard = DraftGuard(lambda rows, nodes: 2.0, window=1, pause=3)
+    guard.update(3, 1)
+    guard.reset()
+    assert guard.drafts()  # a guard that does not carry starts every generation drafting
+
+
 def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
     """PEARL's halves run one after the other in one process, so its rounds are priced like a chain's
     and guarded; a guarded plain round is a pre round that drafts nothing (a plain step)."""

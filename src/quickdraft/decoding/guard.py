@@ -6,7 +6,9 @@ steps). Plain decoding commits 1 token per step. The guard keeps the last `windo
 tokens and costs; when their rate falls below 1 token per step, the next `pause` rounds draft nothing
 (plain one-row rounds, no drafter call), then drafting resumes with a fresh window (a probe). A probe
 that loses again doubles the pause (up to `max_pause`); a window that pays resets it. Every decision
-reads counts and the curve, never a clock, so a seeded generation repeats exactly.
+reads counts and the curve, never a clock, so a seeded generation repeats exactly; a sampled
+generation starts with a fresh guard, so it does not depend on the requests before it, while greedy
+ones share one per engine and carry its verdict over (their tokens are the same either way).
 
 The statistics count `guard_plain_rounds` (rounds the guard kept plain) and `guard_pauses`.
 """
@@ -27,18 +29,25 @@ class DraftGuard:
         window: drafted rounds judged together (the decision waits until the window is full).
         pause: plain rounds after drafting is first judged to lose, before the next probe.
         max_pause: the longest pause (each losing probe doubles it).
+        carries: its verdict carries from one generation to the next (`reset` keeps it): greedy
+            generations, whose tokens do not depend on which rounds drafted, share one guard per
+            engine, so a request does not start with a window of drafting at a loss.
     """
 
     cost: Callable[[int, int], float]
     window: int = 8
     pause: int = 16
     max_pause: int = 128
+    carries: bool = False
     _recent: deque = field(default_factory=deque)
     _plain_left: int = 0
     _losses: int = 0  # losing verdicts in a row
 
     def reset(self) -> None:
-        """A new generation: drafting starts on, with an empty window."""
+        """A new generation: drafting starts on, with an empty window (a guard that `carries` keeps
+        its window, pause and backoff)."""
+        if self.carries:
+            return
         self._recent.clear()
         self._plain_left = 0
         self._losses = 0

@@ -149,13 +149,20 @@ def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int,
     return budget, {"tree_budget_auto": budget} if budget else {"tree_auto_no_speculation": 1}
 
 
-def with_guard(decoder, parts: DecodeParts, chain: bool):
+def with_guard(decoder, parts: DecodeParts, chain: bool, sampling: SamplingConfig):
     """Attach the draft guard (`decoding/guard.py`: plain rounds while drafting measurably loses on
     this host's costs, probes later) to a decoder with a `guard` slot (the speculative loop,
     one-process PEARL, priced as a chain) unless `--no-guard`; targets without a cost curve (the HF
-    runtime) run unguarded."""
+    runtime) run unguarded. Greedy generations share one guard per engine, so its verdict carries
+    from one request to the next (their tokens do not depend on it); a sampled one starts its own."""
     if parts.config.draft.guard and parts.target.supports_trees:
-        decoder.guard = DraftGuard(round_cost(parts, chain))
+        if sampling.greedy:
+            key = ("guard", type(decoder).__name__, chain)
+            if key not in parts.memo:
+                parts.memo[key] = DraftGuard(round_cost(parts, chain), carries=True)
+            decoder.guard = parts.memo[key]
+        else:
+            decoder.guard = DraftGuard(round_cost(parts, chain))
     return decoder
 
 
@@ -179,12 +186,12 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
 
         width = draft.tree_width if draft.tree is not None else auto_width(parts, budget)
         shape = TreeShape(budget, width, draft.tree_widths)
-        return with_guard(TreeDecoder(parts.target, parts.drafter, shape, events), parts, chain=False)
+        return with_guard(TreeDecoder(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
     decoder = SpeculativeDecoder(
         parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events
     )
-    return with_guard(decoder, parts, chain=True)
+    return with_guard(decoder, parts, True, sampling)
 
 
 def _pearl(parts: DecodeParts, sampling: SamplingConfig):
@@ -201,7 +208,7 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
     if not parts.config.pearl.parallel:
         decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
-        return with_guard(decoder, parts, chain=True)  # its halves run one after the other
+        return with_guard(decoder, parts, True, sampling)  # its halves run one after the other
     if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 
