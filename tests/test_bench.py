@@ -155,7 +155,11 @@ def test_compare_diagnoses_a_mismatch(tiny_model_dir):
 
 
 def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, tmp_path):
-    methods = f"ar,pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,pearl:drafter=truncated:1,parallel=1"
+    # unguarded: a draft as costly as the target loses on the cost model, and the guard's verdict carries
+    # across greedy requests; this test is about PEARL's rounds
+    methods = (
+        f"ar,pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,guard=false,pearl:drafter=truncated:1,parallel=1"
+    )
     cfg = BenchConfig(
         methods=methods,
         prompts=prompt_file,
@@ -166,7 +170,7 @@ def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, 
         out=str(tmp_path / "out"),
     )
     m = run_bench(cfg, progress=False)["methods"]
-    seq = m[f"pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0"]
+    seq = m[f"pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,guard=false"]
     par = m["pearl:drafter=truncated:1,parallel=1"]
     for s in (seq, par):
         assert s["lossless_match_rate"] == 1.0 and s["num_draft_tokens"] > 0

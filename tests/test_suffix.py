@@ -23,17 +23,9 @@ from quickdraft.drafters import make_drafter
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.datastore import load_datastore, save_datastore
 from quickdraft.drafters.spec import parse_drafter_spec
-from quickdraft.drafters.suffix import (
-    RecentOutputs,
-    SuffixConfig,
-    SuffixDrafter,
-    merge_scores,
-    parse_suffix,
-    paths_to_tree,
-    scan_matches,
-    trie_scores,
-)
+from quickdraft.drafters.suffix import RecentOutputs, SuffixConfig, SuffixDrafter, parse_suffix
 from quickdraft.drafters.suffix_index import SEP, SORTED_DEPTH, SuffixIndex, concat_documents
+from quickdraft.drafters.suffix_trie import merge_scores, paths_to_tree, scan_matches, trie_scores
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import options_from

@@ -23,14 +23,8 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, DraftRequest, draft_path
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
 from quickdraft.drafters.spec import parse_stage
-from quickdraft.drafters.suffix import (
-    CHAIN_TREE_FACTOR,
-    SuffixDrafter,
-    build_suffix,
-    greedy_chain,
-    merge_scores,
-    paths_to_tree,
-)
+from quickdraft.drafters.suffix import CHAIN_TREE_FACTOR, SuffixDrafter, build_suffix
+from quickdraft.drafters.suffix_trie import greedy_chain, merge_scores, paths_to_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 

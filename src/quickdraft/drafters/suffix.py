@@ -37,6 +37,14 @@ from quickdraft.drafters.datastore import load_datastore, shipped_datastore
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex
+from quickdraft.drafters.suffix_trie import (
+    greedy_chain,
+    merge_scores,
+    paths_to_tree,
+    scan_matches,
+    top_scores,
+    trie_scores,
+)
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 
@@ -88,90 +96,6 @@ class SuffixConfig:
     def __post_init__(self) -> None:
         if min(self.max_match, self.depth, self.max_rows) < 1 or self.cache < 0:
             raise QuickdraftError(f"suffix drafter: match, depth and rows must be >= 1 and cache >= 0, got {self}")
-
-
-def scan_matches(text: np.ndarray, context: Sequence[int], limit: int, max_match: int, depth: int, max_rows: int):
-    """(n, rows): the longest suffix of `context` (n <= max_match tokens) ending at a position < `limit`
-    of `text`, and the (m, depth) int64 tokens after its most recent `max_rows` occurrences (-1 after
-    a separator or the end of `text`); n = 0 and no rows when nothing matches."""
-    t = len(context)
-    empty = np.zeros((0, depth), dtype=np.int64)
-    if t == 0 or limit <= 0:
-        return 0, empty
-    pattern = np.asarray(context[-min(t, max_match) :], dtype=np.int64)
-    hits = np.flatnonzero(text[:limit] == pattern[-1])
-    if not hits.size:
-        return 0, empty
-    n = 1
-    while n < len(pattern):
-        longer = hits[hits >= n]
-        longer = longer[text[longer - n] == pattern[-1 - n]]
-        if not longer.size:
-            break
-        hits, n = longer, n + 1
-    hits = hits[-max_rows:]
-    idx = hits[:, None] + 1 + np.arange(depth)[None, :]
-    rows = np.where(idx < len(text), text[np.minimum(idx, len(text) - 1)], SEP).astype(np.int64)
-    rows[np.cumsum(rows < 0, axis=1) > 0] = -1
-    return n, rows
-
-
-def trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
-    """The `budget` best prefixes of `rows` (m, depth) by count / m, as {path: score}; ties go to the
-    shorter path, so the result is prefix-closed."""
-    m, depth = rows.shape
-    if m == 0 or budget < 1:
-        return {}
-    scores, depths, firsts = [], [], []
-    for d in range(1, depth + 1):
-        valid = rows[:, d - 1] >= 0
-        if not valid.any():
-            break
-        prefixes = np.ascontiguousarray(rows[valid, :d]).view(np.dtype((np.void, 8 * d))).ravel()
-        _, first, counts = np.unique(prefixes, return_index=True, return_counts=True)
-        scores.append(counts / m)
-        depths.append(np.full(len(counts), d))
-        firsts.append(np.flatnonzero(valid)[first])
-    if not scores:  # every occurrence ends its document: nothing follows
-        return {}
-    score, dep, first = np.concatenate(scores), np.concatenate(depths), np.concatenate(firsts)
-    best = np.lexsort((dep, -score))[:budget]
-    return {tuple(rows[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
-
-
-def top_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> dict[tuple[int, ...], float]:
-    """The `budget` best paths over several sources, each with its best score (ties: shorter first)."""
-    best: dict[tuple[int, ...], float] = {}
-    for part in parts:
-        for path, score in part.items():
-            if score > best.get(path, -1.0):
-                best[path] = score
-    ranked = sorted(best, key=lambda path: (-best[path], len(path), path))[:budget]
-    return {path: best[path] for path in ranked}
-
-
-def merge_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> list[tuple[int, ...]]:
-    """The `budget` best paths over several sources (best score per path), parents first."""
-    best = top_scores(parts, budget)
-    return sorted(best, key=lambda path: (len(path), -best[path], path))
-
-
-def greedy_chain(paths: Sequence[tuple[int, ...]], length: int) -> list[int]:
-    """Up to `length` tokens of the greedy path through parent-first `paths` (sorted by score within
-    a depth): the best child at every node."""
-    chosen: tuple[int, ...] = ()
-    for path in paths:
-        if len(path) == len(chosen) + 1 and path[:-1] == chosen:
-            chosen = path
-    return list(chosen[:length])
-
-
-def paths_to_tree(paths: Sequence[tuple[int, ...]]) -> TokenTree:
-    """A TokenTree from prefix-closed paths sorted parents first (deterministic: no q rows)."""
-    tree, node = TokenTree(), {}
-    for path in paths:
-        node[path] = tree.add(path[-1], node[path[:-1]] if len(path) > 1 else -1)
-    return tree
 
 
 class RecentOutputs:
