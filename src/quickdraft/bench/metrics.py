@@ -70,6 +70,10 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         # the draft guard (decoding/guard.py): the share of decode rounds (prefill excluded) that
         # drafted; None when the guard never kept a round plain
         "drafted_round_share": _drafted_share(rows),
+        # this host's cost model declined to draft: the auto budget chose plain decoding, or the guard
+        # kept every round plain (a drafter slower than the target's step, e.g. on a tiny target)
+        "speculation_declined": (bool(rows) and all(r.get("extra", {}).get("tree_auto_no_speculation") for r in rows))
+        or _drafted_share(rows) == 0.0,
     }
 
 

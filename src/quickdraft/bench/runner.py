@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,8 +170,14 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     silent = [
         m
         for m, s in summary["methods"].items()
-        if methods[m].speculative and m.startswith(("sd", "pearl")) and s["num_draft_tokens"] == 0
+        if methods[m].speculative
+        and m.startswith(("sd", "pearl"))
+        and s["num_draft_tokens"] == 0
+        and not s.get("speculation_declined")
     ]
+    for m, s in summary["methods"].items():
+        if s.get("speculation_declined"):
+            print(f"quickdraft: {m}: this host's costs declined to draft (plain decoding ran)", file=sys.stderr)
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary
