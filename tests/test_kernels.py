@@ -115,6 +115,15 @@ def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypa
     assert linear.packing() in (None, *linear.KINDS)
 
 
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """(n, k) rows on the int8 kernels' activation grid, emulated: absmax / 127 per row and block of 32."""
+    n, k = x.shape
+    blocks = -(-k // 32)
+    xf = F.pad(x.float(), (0, blocks * 32 - k)).view(n, blocks, 32)
+    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
+    return (torch.round(xf / sx) * sx).view(n, blocks * 32)[:, :k]
+
+
 @needs_ops
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -126,10 +135,7 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype):
     lin = w8a8_linear(w)
     assert (lin.dequantized() - w).abs().max() <= lin.scales.max() / 2 + 1e-6  # the weight grid, 32-blocks
     x = torch.randn(rows, 70).to(dtype)
-    xf = F.pad(x.float(), (0, 26)).view(rows, 3, 32)  # the kernel's activation grid, emulated per block
-    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
-    xq = (torch.round(xf / sx) * sx).view(rows, 96)[:, :70]
-    want = F.linear(xq, lin.dequantized())
+    want = F.linear(int8_rows(x), lin.dequantized())
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
     assert lin(x).dtype == dtype
@@ -149,10 +155,7 @@ def test_w4a8_linear_is_its_4bit_weights_times_int8_rows(rows, dtype):
     step = lin.d.repeat_interleave(32, dim=1)[:, :70]
     assert ((lin.dequantized() - w).abs() <= step / 2 + 1e-3).all()  # the 4-bit grid of each block
     x = torch.randn(rows, 70).to(dtype)
-    xf = F.pad(x.float(), (0, 26)).view(rows, 3, 32)  # the kernel's activation grid, emulated per block
-    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
-    xq = (torch.round(xf / sx) * sx).view(rows, 96)[:, :70]
-    want = F.linear(xq, lin.dequantized())
+    want = F.linear(int8_rows(x), lin.dequantized())
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
     assert lin(x).dtype == dtype

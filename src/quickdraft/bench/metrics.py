@@ -43,6 +43,7 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
     drafts = _sum(rows, "num_drafts")
     dpos, apos = _positions(rows, "drafted_per_position"), _positions(rows, "accepted_per_position")
     forwards = _sum(rows, "target_forwards")
+    drafted_share = _drafted_share(rows)
     return {
         "num_prompts": len({r["question_id"] for r in rows}),
         "runs": len(runs),
@@ -69,11 +70,11 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "tree_accepted_depth_histogram": _depth_histogram(rows),
         # the draft guard (decoding/guard.py): the share of decode rounds (prefill excluded) that
         # drafted; None when the guard never kept a round plain
-        "drafted_round_share": _drafted_share(rows),
+        "drafted_round_share": drafted_share,
         # this host's cost model declined to draft: the auto budget chose plain decoding, or the guard
         # kept every round plain (a drafter slower than the target's step, e.g. on a tiny target)
         "speculation_declined": (bool(rows) and all(r.get("extra", {}).get("tree_auto_no_speculation") for r in rows))
-        or _drafted_share(rows) == 0.0,
+        or drafted_share == 0.0,
     }
 
 

@@ -185,19 +185,14 @@ class SuffixDrafter(Drafter):
         """Median seconds of a 16-node lookup after a 256-token context: a slice of the datastore (real
         matches), else a synthetic text (the request's own matches only). Measured between generations;
         the request state is kept."""
-        import statistics
-        import time
+        from quickdraft.costs.host import median_seconds
 
         tokens = self.index.tokens if self.index is not None and len(self.index) > 2048 else None
         context = (tokens[1024:1280] if tokens is not None else np.arange(256) % 37 + 5).tolist()
         kept = self.last_context
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            self.candidates(context, 16)
-            times.append(time.perf_counter() - start)
+        seconds = median_seconds(lambda: self.candidates(context, 16), repeats=5, warmup=0)
         self.last_context = kept
-        return statistics.median(times)
+        return seconds
 
     def propose(
         self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None

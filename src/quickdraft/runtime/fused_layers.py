@@ -53,10 +53,12 @@ class LayerKernels:
     Args:
         layers: the model's blocks.
         windows: each layer's sliding window (0: none); a windowed layer runs in Python.
+        rope_keys: each layer's RoPE table (a run takes one table: layers of several run in Python).
     """
 
-    def __init__(self, layers: list[Block], windows: list[int]) -> None:
+    def __init__(self, layers: list[Block], windows: list[int], rope_keys: list[str]) -> None:
         self.layers = [None if w else _layer_args(b) for b, w in zip(layers, windows, strict=True)]
+        self.rope_keys = rope_keys
         first = layers[0] if layers else None
         self.shape = (first.heads, first.kv_heads, first.eps) if first is not None else None
         self._runs: dict[tuple[int, int], tuple] = {}
@@ -69,6 +71,7 @@ class LayerKernels:
             and x.shape[0] <= ATTEND_ROWS
             and cache.k.dtype == x.dtype
             and all(self.layers[i] is not None for i in range(start, stop))
+            and len(set(self.rope_keys[start:stop])) == 1
             and kernels.usable(x)
         )
 

@@ -104,7 +104,7 @@ class NativeLlama:
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)  # logits c * tanh(z / c) (Gemma 2)
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
-        self.kernel_layers = LayerKernels(self.layers, self.windows)  # plain blocks: one C++ call a run
+        self.kernel_layers = LayerKernels(self.layers, self.windows, self.rope_keys)  # plain blocks: one C++ call a run
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(
@@ -170,9 +170,7 @@ class NativeLlama:
         if mask is not None and n == 1 and bool(mask.all()):
             mask = None  # one row that sees everything: the unmasked kernel, as a plain step
         kept: dict[int, torch.Tensor] = {}
-        if len(set(self.rope_keys[start:stop])) == 1 and self.kernel_layers.runs(
-            x, cache, start, stop
-        ):  # one C++ call per run of layers between kept states
+        if self.kernel_layers.runs(x, cache, start, stop):  # one C++ call per run of layers between kept states
             cos, sin = tables[self.rope_keys[start]]
             bounds = sorted({start, stop, *(k for k in keep_hidden if start < k < stop)})
             for a, b in pairwise(bounds):

@@ -147,6 +147,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
 
 
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer
+GGUF_DIRECT = ("Q4_0", "Q4_1", "Q8_0", "F32", "F16", "BF16")  # what `gguf_linears` packs as the file holds it
 
 
 def gguf_types(path: Path, config) -> dict[str, str]:

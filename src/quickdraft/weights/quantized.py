@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.gguf_weights import FOUR_BIT, gguf_linears, gguf_types
+from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_linears, gguf_types
 from quickdraft.weights.loading import LoadedModel
 from quickdraft.weights.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
 
@@ -113,27 +113,22 @@ def _float32_source(loaded: LoadedModel):
     return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
 
 
-def _gguf_w4a8(loaded: LoadedModel) -> tuple[dict[str, object], str] | None:
+def _gguf_w4a8(loaded: LoadedModel, types: dict[str, str]) -> tuple[dict[str, object], str] | None:
     """w4a8 linears from the GGUF the model came from, its Q4_0/Q4_1 blocks as they are (Q8_0 as w8a8),
-    and their source; None without a GGUF or when it holds other block types (Q4_K, Q5_0, Q6_K: w4a8
-    then quantizes the float32 weights converted from it)."""
-    if loaded.gguf is None:
+    and their source; None when its linears (`types`: by name) hold other block types (Q4_K, Q5_0,
+    Q6_K: w4a8 then quantizes the float32 weights converted from it)."""
+    if not types or not set(types.values()) <= set(GGUF_DIRECT):
         return None
-    try:
-        linears, types = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
-    except QuickdraftError:
-        return None
-    counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+    linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
+    counts = ", ".join(f"{t} x{n}" for t, n in sorted(counted.items()))
     return linears, f"{loaded.gguf.name} ({counts}; Q4 blocks as they are, Q8_0 as w8a8)"
 
 
-def _finer_than_4_bits(loaded: LoadedModel) -> set[str]:
+def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
     """The linears a GGUF source stores finer than 4-bit blocks (Q5_0, Q6_K, Q8_0, floats): w4a8 keeps
     them 8-bit rather than lose what the file has. Gemma 3 270M's Q4_K_M file, all quantized to 4 bits:
     greedy agreement with bf16 0.854 (docs/benchmarks.md)."""
-    if loaded.gguf is None:
-        return set()
-    return {name for name, kind in gguf_types(loaded.gguf, loaded.model.config).items() if kind not in FOUR_BIT}
+    return {name for name, kind in types.items() if kind not in FOUR_BIT}
 
 
 def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
@@ -147,7 +142,8 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
     start = time.perf_counter()
     config = loaded.model.config
-    own = _gguf_w4a8(loaded) if spec.mode == "w4a8" else None
+    types = gguf_types(loaded.gguf, config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
+    own = _gguf_w4a8(loaded, types) if spec.mode == "w4a8" else None
     if own is not None:  # the GGUF's own 4-bit blocks, an 8-bit head
         linears, source = own
     elif spec.mode == "gguf":
@@ -162,7 +158,7 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
     elif spec.active:
         weight, source = _float32_source(loaded)
         head = parse_quantize({"int4": INT4_HEAD, "w4a8": W4A8_HEAD}.get(spec.mode, str(spec)))
-        finer = _finer_than_4_bits(loaded) if spec.mode == "w4a8" else set()
+        finer = _finer_than_4_bits(types)
         if finer:
             source += f"; {len(finer)} linears stored finer than 4 bits in {loaded.gguf.name} as {W4A8_HEAD}"
         linears = {}

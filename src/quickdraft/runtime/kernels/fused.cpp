@@ -592,6 +592,29 @@ void quantize_rows(const in_t* X, int64_t M, int64_t K, int64_t Kp, int64_t KB, 
     }
 }
 
+// A call's rows quantized as `quantize_rows` does, into this thread's buffers (reused call after call):
+// codes with row stride Kp (zero-padded), scales and 128 x block sums, (M, KB) each.
+struct QuantizedRows {
+  std::vector<int8_t> xq;
+  std::vector<float> sx;
+  std::vector<int32_t> xc;  // 128 x each block's sum of codes (w8a8: the weights' shift, taken back)
+};
+
+const QuantizedRows& quantized_rows(const Tensor& x, int64_t Kp, int64_t KB) {
+  thread_local QuantizedRows q;
+  const int64_t M = x.size(0), K = x.size(1);
+  const Tensor xc = x.contiguous();
+  q.xq.assign(M * Kp, 0);
+  q.sx.resize(M * KB);
+  q.xc.resize(M * KB);
+  AT_DISPATCH_SWITCH(x.scalar_type(), "quantized_rows",
+    AT_DISPATCH_CASE(at::kFloat, [&] { quantize_rows(xc.data_ptr<float>(), M, K, Kp, KB, q.xq.data(), q.sx.data(), q.xc.data()); })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, Kp, KB, q.xq.data(), q.sx.data(), q.xc.data());
+    }));
+  return q;
+}
+
 // x (M, K) float/bf16; packed = pack_int8(q) of (N, K) int8 weights; scales = pack_blocks of their (N, K/32)
 // float block scales -> (M, N) in x's dtype
 Tensor linear_w8a8(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
@@ -600,25 +623,14 @@ Tensor linear_w8a8(const Tensor& x, const Tensor& packed, const Tensor& scales, 
   const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), Kp = packed.size(1) * 4, KB = Kp / kQBlock;
   TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && N <= NBk * kBlock, "linear_w8a8: x does not match the weight");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.size(0) == NBk && scales.size(1) == KB, "linear_w8a8: scales");
-  const Tensor xc_ = x.contiguous();
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> sx;
-  thread_local std::vector<int32_t> xc;  // 128 x each block's sum of codes: the weights' shift, taken back
-  xq.assign(M * Kp, 0);
-  sx.resize(M * KB);
-  xc.resize(M * KB);
-  AT_DISPATCH_SWITCH(x.scalar_type(), "linear_w8a8_quantize",
-    AT_DISPATCH_CASE(at::kFloat, [&] { quantize_rows(xc_.data_ptr<float>(), M, K, Kp, KB, xq.data(), sx.data(), xc.data()); })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      quantize_rows(xc_.data_ptr<at::BFloat16>(), M, K, Kp, KB, xq.data(), sx.data(), xc.data());
-    }));
+  const QuantizedRows& q = quantized_rows(x, Kp, KB);
   Tensor y = at::empty({M, NBk * kBlock}, x.options());
   const uint8_t* W = packed.data_ptr<uint8_t>();
   const float* WS = scales.data_ptr<float>();
   if (x.scalar_type() == at::kFloat)
-    w8a8_run<float>(xq.data(), M, Kp, KB, W, WS, sx.data(), xc.data(), y.data_ptr<float>(), NBk);
+    w8a8_run<float>(q.xq.data(), M, Kp, KB, W, WS, q.sx.data(), q.xc.data(), y.data_ptr<float>(), NBk);
   else
-    w8a8_run<at::BFloat16>(xq.data(), M, Kp, KB, W, WS, sx.data(), xc.data(), y.data_ptr<at::BFloat16>(), NBk);
+    w8a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, WS, q.sx.data(), q.xc.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
 
@@ -784,26 +796,16 @@ Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), KB = packed.size(1), Kp = KB * kQBlock;
   TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && packed.size(2) == kQ4Bytes && N <= NBk * kBlock,
               "linear_w4a8: x does not match the packed weight");
-  const Tensor xc_ = x.contiguous();
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> sx, sxq;
-  thread_local std::vector<int32_t> xc;
-  xq.assign(M * Kp, 0);
-  sx.resize(M * KB);
+  const QuantizedRows& q = quantized_rows(x, Kp, KB);
+  thread_local std::vector<float> sxq;
   sxq.resize(M * KB);
-  xc.resize(M * KB);
-  AT_DISPATCH_SWITCH(x.scalar_type(), "linear_w4a8_quantize",
-    AT_DISPATCH_CASE(at::kFloat, [&] { quantize_rows(xc_.data_ptr<float>(), M, K, Kp, KB, xq.data(), sx.data(), xc.data()); })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      quantize_rows(xc_.data_ptr<at::BFloat16>(), M, K, Kp, KB, xq.data(), sx.data(), xc.data());
-    }));
-  for (int64_t i = 0; i < M * KB; ++i) sxq[i] = sx[i] * static_cast<float>(xc[i] / 128);  // scale x block sum
+  for (int64_t i = 0; i < M * KB; ++i) sxq[i] = q.sx[i] * static_cast<float>(q.xc[i] / 128);  // scale x block sum
   Tensor y = at::empty({M, NBk * kBlock}, x.options());
   const uint8_t* W = packed.data_ptr<uint8_t>();
   if (x.scalar_type() == at::kFloat)
-    w4a8_run<float>(xq.data(), M, Kp, KB, W, sx.data(), sxq.data(), y.data_ptr<float>(), NBk);
+    w4a8_run<float>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<float>(), NBk);
   else
-    w4a8_run<at::BFloat16>(xq.data(), M, Kp, KB, W, sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
+    w4a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
 
