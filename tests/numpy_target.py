@@ -13,6 +13,7 @@ the target's hidden states refuse it, as they refuse Hugging Face's forward.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -84,6 +85,12 @@ class NumpyLlamaTarget(TokenCacheVerbs):
 
     def reset(self) -> None:
         self.rollback(0)
+
+    def twin(self) -> NumpyLlamaTarget:
+        twin = copy.copy(self)
+        twin.tokens, twin.num_forwards = [], 0
+        twin.reset()
+        return twin
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:

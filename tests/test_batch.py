@@ -21,6 +21,7 @@ from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import collect
 from quickdraft.decoding.common import Generators
+from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.errors import QuickdraftError
@@ -28,6 +29,7 @@ from quickdraft.runtime.batched import BatchedTarget, RowBlock
 from quickdraft.runtime.graphs import StaticBatchForward
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.verifiers.tree import TokenTree
+from quickdraft.weights.loading import LoadedModel, truncated_copy
 
 from conftest import tiny_llama, tiny_text_model
 
@@ -121,6 +123,39 @@ def test_every_row_equals_its_request_alone(model, drafter, plan):
     assert dec.idle and dec.target.rows == 0
 
 
+@pytest.mark.parametrize("form", ["tree", "chain"])
+def test_model_drafters_batch_with_their_own_caches(model, form):
+    """A draft model (the target's first layer) forked per row, each fork its own cache: every row
+    equals its request alone, trees and chains, and the forks drafted."""
+    prompts, lengths = _prompts(6, seed=4), [3, 19, 30, 8, 25, 14]
+    draft = ModelDrafter(NativeCachedModel(truncated_copy(_loaded(model), 1, torch.float64).model), "truncated:1")
+    plan = BatchPlan(None, fixed=4, trees=form == "tree")
+    dec = BatchDecoder(BatchedTarget(NativeCachedModel(model), 3), draft, plan, prefill_chunk=5)
+    got = run_batch(dec, [(p, GREEDY, StopConfig(n)) for p, n in zip(prompts, lengths, strict=True)])
+    for p, n, c in zip(prompts, lengths, got, strict=True):
+        assert c.tokens == _alone(model, p, n)
+    assert sum(c.stats.num_accepted_draft_tokens for c in got) > 0  # speculation happened
+    assert draft.model.length == 0  # the configured drafter's own cache was never used
+
+
+@pytest.mark.parametrize("spec", ["truncated:1", "quant:int8", "mag", "ngram+truncated:1", "mix:truncated:1"])
+def test_every_kind_runs_in_the_batched_engine(spec):
+    """Model-drafted and composed kinds batch (the server's path): a list of prompts gives each
+    prompt's own output, as a batch."""
+    engine = Engine(tiny_text_model(dtype=torch.float64), EngineConfig(drafter=spec))
+    assert engine.batch_unsupported() is None
+    prompts = ["abcabcabcab", "hello hello hello", "the cat. the cat."]
+    alone = [engine.generate(p, max_new_tokens=20) for p in prompts]
+    together = engine.generate(prompts, max_new_tokens=20)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert all(r.stats.extra.get("batch_rows") for r in together)  # they ran as a batch
+    assert sum(r.stats.num_draft_tokens for r in together) > 0
+
+
+def _loaded(model):
+    return LoadedModel(model, None, "tiny")
+
+
 def test_cancel_and_eos_do_not_change_the_others(model):
     prompts = _prompts(4, seed=1)
     eos_token = _alone(model, prompts[2], 12)[5]  # row 2 ends at its sixth token
@@ -139,10 +174,13 @@ def test_cancel_and_eos_do_not_change_the_others(model):
     assert done[2].tokens == _alone(model, prompts[2], 12, eos=(eos_token,)) and done[2].finish_reason == "stop"
 
 
-def test_rows_have_the_target_law_at_t1(model, monkeypatch):
+@pytest.mark.parametrize("drafter", ["suffix", "model"])
+def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
     """(x1, x2, x3) of many sampled rows, joining and leaving a 6-row batch, against the exact law
-    of the model; a verifier that accepts every draft must fail the same test."""
+    of the model, drafted by the suffix drafter or by a sampling draft model (its trees carry q);
+    a verifier that accepts every draft must fail the same test."""
     tiny = tiny_llama(vocab=4, layers=1, seed=2, dtype=torch.float64, init=0.5).model
+    other = tiny_llama(vocab=4, layers=1, seed=7, dtype=torch.float64, init=0.5).model
     prompt, n = [1, 2, 1, 2, 1], 1500
     law = {}
     with torch.inference_mode():
@@ -152,7 +190,8 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch):
             law[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
 
     def chi2_pvalue() -> tuple[float, int]:
-        dec = BatchDecoder(BatchedTarget(NativeCachedModel(tiny), 6), SuffixDrafter(None), BatchPlan(None, fixed=2))
+        made = SuffixDrafter(None) if drafter == "suffix" else ModelDrafter(NativeCachedModel(other))
+        dec = BatchDecoder(BatchedTarget(NativeCachedModel(tiny), 6), made, BatchPlan(None, fixed=2))
         jobs = [(prompt, SamplingConfig(temperature=1.0, seed=i), StopConfig(3)) for i in range(n)]
         got = run_batch(dec, jobs)
         counts = {seq: 0 for seq in law}

@@ -249,6 +249,24 @@ def test_bench_counts_the_drafting_cost(target, trained, kind, tmp_path):
     assert second.token_ids == plain(target, 12)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_reusing_drafters_run_in_the_batched_engine(target, trained, kind, tmp_path):
+    """The head and SpecDec forked per row, each fed its row's target features; Kangaroo forked with
+    a private copy of the target's first layers: a batch of prompts gives each one's plain output."""
+    from quickdraft import Engine, EngineConfig
+    from quickdraft.training.train_draft_cli import export
+
+    folder = export(tmp_path / kind, trained[kind][0], None, {"target": target.name})
+    engine = Engine(target, EngineConfig(drafter=f"{kind}:{folder}", dtype="float64"))
+    assert engine.batch_unsupported() is None
+    prompts = [PROMPT, PROMPT[3:] + [7, 7], [5, 9, 2, 6, 5, 3], PROMPT + [1, 1, 2]]
+    together = engine.generate(prompts, max_new_tokens=32)
+    for prompt, res in zip(prompts, together, strict=True):
+        alone = Autoregressive(NativeCachedModel(target.model)).rounds(prompt, GREEDY, 32, Generators.from_seed(0))
+        assert res.token_ids == collect(alone, StopConfig(32)).token_ids and res.stats.extra.get("batch_rows")
+    assert sum(r.stats.num_accepted_draft_tokens for r in together) > 0  # speculation happened
+
+
 class Spy(PromptLookupDrafter):
     """Prompt lookup that declares it reads the target's features and layer 1, and keeps what the
     decoder hands it (it must be exactly the committed rows, in order)."""

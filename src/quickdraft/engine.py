@@ -19,6 +19,7 @@ from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
+from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
@@ -179,8 +180,14 @@ class Engine:
             return "the target does not run on the native runtime"
         if cfg.verifier not in (None, "greedy", "speculative"):
             return f"verifier {cfg.verifier!r} (a batch verifies with the lossless rules)"
-        if self.drafter is not None and self.drafter.fork() is None:
-            return f"drafter {self.drafter.name!r} cannot draft for several rows at once (it owns one model cache)"
+        if self.drafter is None:
+            return None
+        bind_target(self.drafter, self.target)  # Kangaroo forks from its handle on the target's layers
+        fork = self.drafter.fork()
+        if fork is None:
+            return f"drafter {self.drafter.name!r} drafts one sequence at a time"
+        if set(fork.target_layers) - {FEATURES}:
+            return f"drafter {self.drafter.name!r} reads target layers a batch does not hand over"
         return None
 
     def batch_plan(self) -> tuple[BatchPlan, int]:

@@ -5,18 +5,21 @@
    round while others run (so a long prompt never stalls them for more than one chunk), keeping
    the prefix a prompt shares with the previous one (a chat template's system prompt), and join
    the batch (a new row of the target's batch cache) with their first token;
-2. draft: every row asks its own drafter (a fork of the configured one) for a tree of the round's
-   budget, or a chain; the budget depends on how many rows run (`BatchPlan`: on a host where a
-   wider forward stops being nearly free, speculation shrinks and then stops as the batch grows);
+2. draft: every row asks its own drafter (a fork of the configured one: the same data and weights,
+   its own state and cache) for a tree of the round's budget, or a chain; the budget depends on
+   how many rows run (`BatchPlan`: on a host where a wider forward stops being nearly free,
+   speculation shrinks and then stops as the batch grows);
 3. verify: one batched forward over every row's [last committed token, draft nodes], padded to a
    common width, each row against its own context; each row is verified alone by the lossless
-   tree rules with its own sampling settings and random streams, and keeps its accepted path;
+   tree rules with its own sampling settings and random streams, and keeps its accepted path; a
+   drafter that reads the target's features (the head, SpecDec) gets its row's committed ones;
 4. leave: rows that ended (EOS, stop strings, max tokens: their own `Collector`) or were cancelled
    leave the batch at the round boundary.
 
 Per row this is exactly the sequential loop (`decoding/vanilla.py` with a tree or chain), so every
 row's output is what the same request gives alone: equal tokens when greedy (tested in float64),
-the target's law when sampled (a chain is a one-wide tree; drafters here are deterministic).
+the target's law when sampled (a chain is a one-wide tree; a model drafter's tree carries the q rows
+its tokens were drawn from).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import FEATURES, Drafter
 from quickdraft.runtime.batched import BatchedTarget, RowBlock
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
@@ -90,8 +93,14 @@ class BatchDecoder:
         detokenize: Callable[[list[int]], str] | None = None,
         prefill_chunk: int = 128,
     ) -> None:
-        if drafter is not None and drafter.fork() is None:
+        probe = drafter.fork() if drafter is not None else None
+        if drafter is not None and probe is None:
             raise ValueError(f"drafter {drafter.name!r} cannot draft for several rows at once")
+        reads = set(probe.target_layers) if probe is not None else set()
+        if reads - {FEATURES}:
+            raise ValueError(f"drafter {drafter.name!r} reads target layers {sorted(reads)}; a batch hands features")
+        self.reads_features = FEATURES in reads  # each row's fork observes its committed rows' features
+        target.keep_features = self.reads_features
         self.target, self.drafter, self.plan = target, drafter, plan
         self.detokenize, self.prefill_chunk = detokenize, max(1, prefill_chunk)
         self.waiting: deque[_Waiting] = deque()
@@ -177,6 +186,8 @@ class BatchDecoder:
         drafter = self.drafter.fork() if self.drafter is not None else None
         if drafter is not None:
             drafter.begin(job.prompt)
+            if self.reads_features:
+                drafter.observe({FEATURES: self.target.prefill_features()})
         collector = Collector(job.stop, self.detokenize)
         collector.stats.verifier = "tree" if drafter is not None else ""
         collector.stats.ran = dict(self.ran)
@@ -193,7 +204,10 @@ class BatchDecoder:
             RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask())
             for row, d in zip(self.rows, drafts, strict=True)
         ]
-        logits = self.target.forward(blocks)
+        if self.reads_features:
+            logits, features = self.target.forward_features(blocks)
+        else:
+            logits, features = self.target.forward(blocks), None
         best = torch.cat(logits).argmax(-1).tolist()  # every row's argmax: one read from the device
         offsets = [0]
         for out in logits:
@@ -204,7 +218,10 @@ class BatchDecoder:
                 path, nxt = follow_greedy(draft, best[offsets[i] : offsets[i + 1]])
             else:
                 path, nxt = verify_tree_sampling(draft, logits_to_probs(out, row.sampling), row.gens.target)
-            self.target.commit(i, [0] + [1 + j for j in path])
+            keep = [0] + [1 + j for j in path]
+            self.target.commit(i, keep)
+            if features is not None:
+                row.drafter.observe({FEATURES: features[i][torch.tensor(keep, device=features[i].device)]})
             new = [draft.tokens[j] for j in path] + [nxt]
             row.context += new
             events = {"batch_rows": len(self.rows)}

@@ -183,6 +183,10 @@ class ComposedReads(Drafter):
     def runs_target_layers(self) -> int:
         return next((d.runs_target_layers for d in self.parts if d.runs_target_layers), 0)
 
+    def end(self) -> None:
+        for part in self.parts:
+            part.end()
+
     def bind(self, shallow) -> None:
         for part in self.parts:
             if part.runs_target_layers == shallow.stop:

@@ -48,6 +48,11 @@ class FallbackDrafter(ComposedReads):
         for drafter in self.drafters:
             drafter.begin(prompt_ids)
 
+    def fork(self) -> FallbackDrafter | None:
+        """Every stage forked (None when one cannot be)."""
+        stages = [d.fork() for d in self.drafters]
+        return None if any(s is None for s in stages) else FallbackDrafter(stages)
+
     def step_seconds(self) -> float | None:
         """The costliest stage's step (None when no stage has a model): the chain's worst case."""
         costs = [c for d in self.drafters if (c := d.step_seconds()) is not None]

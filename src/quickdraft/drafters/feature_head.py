@@ -13,6 +13,7 @@ predicted features) are dropped at the end of every `propose`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -44,6 +45,14 @@ class FeatureRows(Drafter):
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.feats.extend(states[FEATURES])
+
+    def fork(self) -> FeatureRows:
+        """A drafter for one more sequence of a batch: the same module, its own features and cache
+        (the batched decoder hands each row's features to its own fork)."""
+        twin = copy.copy(self)
+        twin.feats, twin.draft_steps = [], 0
+        twin.kv = block_cache(self.head.cfg, self.lm.embed.dtype, self.lm.embed.device)
+        return twin
 
     def step_seconds(self) -> float:
         """Seconds of one head step (one row through the block and the LM head)."""

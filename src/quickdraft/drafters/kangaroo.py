@@ -42,6 +42,7 @@ class KangarooDrafter(Drafter):
         self.target_layers = (self.exit_layer,)
         self.runs_target_layers = self.exit_layer
         self.shallow = None  # the handle on the target's layers [0, l) (`bind`)
+        self.own = None  # a fork's private owner of those layers (`fork`)
         self.states: list[torch.Tensor] = []
         self.draft_steps = 0  # shallow passes + adapter steps since `begin` (the bench's cost model)
         self.kv = block_cache(adapter.cfg, lm.embed.dtype, lm.embed.device)
@@ -53,6 +54,35 @@ class KangarooDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.states, self.draft_steps = [], 0
         self.kv.rollback(0)
+        if self.own is not None:
+            self.own.reset()
+
+    def fork(self) -> KangarooDrafter | None:
+        """A drafter for one row of a batch (None before `bind`). The batched target keeps no
+        shallow keys per row and hands over no layer states, so the fork runs the target's first l
+        layers over a private cache (`ShallowPass.detached`), the committed rows included: about l/L
+        of a target forward per committed token, on top of the draft. It reads nothing from the
+        target, and verification runs every layer (the batch reuses no shallow states)."""
+        if self.shallow is None:
+            return None
+        twin = KangarooDrafter(self.adapter, self.lm, self.eta, self.name)
+        twin.own = self.shallow.detached()
+        twin.shallow = twin.own.shallow_pass(self.exit_layer)
+        twin.target_layers, twin.runs_target_layers = (), 0
+        return twin
+
+    def _catch_up_own(self, context: Sequence[int]) -> None:
+        """A fork's own layers [0, l) brought to the committed tokens (context but its last): the
+        prefix they share is kept, the rest run; their exit-layer states are the adapter's input."""
+        committed, own = len(context) - 1, self.own
+        keep = min(own.length, committed)
+        if own.tokens[:keep] != list(context[:keep]):  # rare: scan for the split point
+            keep = next(i for i in range(keep) if own.tokens[i] != context[i])
+        own.rollback(keep)
+        del self.states[keep:]
+        self.kv.rollback(min(self.kv.length, keep))
+        if keep < committed:
+            self.states.extend(own.extend_layers(context[keep:committed], self.exit_layer))
 
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         self.states.extend(states[self.exit_layer])
@@ -93,6 +123,8 @@ class KangarooDrafter(Drafter):
         states of [last committed, tokens] for verification to reuse."""
         self.refuse_tree(request)
         committed = len(context) - 1
+        if self.own is not None:
+            self._catch_up_own(context)
         if self.shallow is None or len(self.states) != committed:
             raise RuntimeError(
                 f"{self.name} drafter: not bound to the target, or {len(self.states)} exit-layer states for "

@@ -76,6 +76,10 @@ class MaGDrafter(Drafter):
     def __init__(self, table: torch.Tensor | None, max_ngram: int = 3, name: str = "mag") -> None:
         self.table, self.max_ngram, self.name = table, max_ngram, name
 
+    def fork(self) -> MaGDrafter:
+        """Stateless: every row of a batch can share this one."""
+        return self
+
     def draft(self, context: Sequence[int], k: int) -> list[int]:
         tokens = prompt_lookup(context, k, self.max_ngram, 1) if len(context) > 1 else []
         last = tokens[-1] if tokens else (context[-1] if context else -1)

@@ -75,6 +75,13 @@ class MixedTreeDrafter(ComposedReads):
     def step_seconds(self) -> float | None:
         return self.model.step_seconds()
 
+    def fork(self) -> MixedTreeDrafter | None:
+        """Both sources forked (None when either cannot be)."""
+        suffix, model = self.suffix.fork(), self.model.fork()
+        if suffix is None or model is None:
+            return None
+        return MixedTreeDrafter(suffix, model, self.min_match, self.name)
+
     def propose(
         self, context: Sequence[int], request: DraftRequest, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> TokenTree:

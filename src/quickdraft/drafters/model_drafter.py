@@ -66,6 +66,10 @@ class ModelDrafter(Drafter):
         """Draft-model forwards since `begin` (the bench's cost model)."""
         return self.model.num_forwards - self._forwards_at_begin
 
+    def fork(self) -> ModelDrafter:
+        """A drafter for one more sequence of a batch: the same model, its own cache."""
+        return ModelDrafter(self.model.twin(), self.name)
+
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
         from quickdraft.costs.timing import step_seconds

@@ -52,6 +52,9 @@ class BatchedTarget:
             net.num_layers, net.kv_heads, net.head_dim, net.dtype, net.device, max_batch, limit=net.max_length
         )
         self.num_forwards = 0
+        self.keep_features = False  # prefill keeps its rows' final-normed states (feature-reading drafters)
+        self._features = net.embed.new_zeros(0, net.embed.shape[1])
+        self._feature_ids: list[int] = []  # the ids whose rows `_features` holds
         self.static = None  # a models.graphs.StaticBatchForward, when the forward is static
 
     @property
@@ -72,19 +75,36 @@ class BatchedTarget:
     def prefill_start(self, prompt: Sequence[int]) -> int:
         """Begin prefilling `prompt` in the prefill cache, keeping the longest prefix it shares with
         what that cache holds (the previous prompt: a chat template's system prompt, say; at most
-        all but the prompt's last token); returns how many tokens were kept (they need no forward)."""
+        all but the prompt's last token; with `keep_features`, rows whose features are kept too);
+        returns how many tokens were kept (they need no forward)."""
         held, limit, kept = self.single.tokens, min(len(self.single.tokens), len(prompt) - 1), 0
-        while kept < limit and held[kept] == prompt[kept]:
+        featured = self._feature_ids if self.keep_features else held  # features kept for these rows
+        limit = min(limit, len(featured))
+        while kept < limit and held[kept] == prompt[kept] and featured[kept] == prompt[kept]:
             kept += 1
         self.single.rollback(kept)
         return kept
 
     def prefill(self, tokens: Sequence[int], first: bool = False) -> torch.Tensor:
         """Run a prompt chunk through the prefill cache after what it holds (`first`: from an empty
-        cache); returns the chunk's last (1, V) logits."""
+        cache); returns the chunk's last (1, V) logits. With `keep_features` on, the rows' final-normed
+        states are kept beside the cache (`prefill_features`)."""
         if first:
             self.single.reset()
-        return self.single.extend(tokens, last_only=True)
+        if not self.keep_features:
+            return self.single.extend(tokens, last_only=True)
+        start = self.single.length
+        if start > self._features.shape[0] or self._feature_ids[:start] != self.single.tokens:
+            raise RuntimeError("prefill: the cached rows' features were not kept (begin with prefill_start)")
+        out = self.single.forward(tokens, last_only=True, features=True)
+        self._features = torch.cat([self._features[:start], out.features])
+        self._feature_ids = list(self.single.tokens)
+        return out.logits
+
+    def prefill_features(self) -> torch.Tensor:
+        """(length, H) the final-normed states of every prompt row the prefill cache holds
+        (`keep_features` on, for every prompt since the first)."""
+        return self._features[: self.single.length]
 
     @torch.inference_mode()  # the cache may have grown inside a forward: inference tensors
     def adopt(self) -> int:
@@ -96,22 +116,29 @@ class BatchedTarget:
         """One forward over every running row's block (one block per row, in row order); returns
         each row's (n_b, V) logits. With `static` set (models/graphs.py) its static or graphed
         forward runs it."""
-        if len(blocks) != self.rows:
-            raise ValueError(f"forward: {len(blocks)} blocks for {self.rows} rows")
-        return self.static(blocks) if self.static is not None else self.forward_dynamic(blocks)
+        return self.forward_features(blocks)[0]
 
     @torch.inference_mode()
-    def forward_dynamic(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
+    def forward_features(self, blocks: Sequence[RowBlock]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`forward`, and each row's (n_b, H) final-normed states (what a feature-reading drafter
+        observes)."""
+        if len(blocks) != self.rows:
+            raise ValueError(f"forward: {len(blocks)} blocks for {self.rows} rows")
+        x = self.static(blocks) if self.static is not None else self.states_dynamic(blocks)  # (sum n_b, H)
+        sizes = [len(b.tokens) for b in blocks]
+        return list(self.single.logits(x).split(sizes)), list(x.split(sizes))
+
+    @torch.inference_mode()
+    def states_dynamic(self, blocks: Sequence[RowBlock]) -> torch.Tensor:
         """The forward over the running rows only, padded to the widest block, attending over the
-        longest row's span."""
+        longest row's span: (sum n_b, H) the final-normed states of the blocks' rows, in order."""
         width = max(len(b.tokens) for b in blocks)
         starts = self.cache.begin(width)
         dev = self.net.device
         ids, positions, mask, valid = block_inputs(blocks, starts.cpu(), width, self.cache.span)
         x = self.net.forward_batch(self.cache, ids.to(dev), positions.to(dev), mask)
         self.num_forwards += 1
-        logits = self.single.logits(x[valid.to(dev)])  # (sum n_b, V)
-        return list(logits.split([len(b.tokens) for b in blocks]))
+        return x[valid.to(dev)]
 
     @torch.inference_mode()
     def commit(self, row: int, keep: Sequence[int]) -> None:

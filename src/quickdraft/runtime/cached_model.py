@@ -12,6 +12,7 @@ then the softmax over the K tokens, which the acceptance rule handles like any o
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -119,6 +120,12 @@ class CachedModel(TokenCacheVerbs):
     def reset(self) -> None:
         self.cache = new_cache(self.model)
         self.tokens = []
+
+    def twin(self) -> CachedModel:
+        """A second owner of this model: the same weights, its own empty cache."""
+        twin = copy.copy(self)
+        twin.cache, twin.tokens, twin.num_forwards = new_cache(self.model), [], 0
+        return twin
 
     def forward(
         self,

@@ -82,13 +82,13 @@ class StaticBatchForward:
         self.captured[width] = graph
 
     @torch.inference_mode()
-    def __call__(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
-        """Each row's (n_b, V) logits, as `BatchedTarget.forward`."""
+    def __call__(self, blocks: Sequence[RowBlock]) -> torch.Tensor:
+        """(sum n_b, H) the final-normed states of the blocks' rows, as `BatchedTarget.states_dynamic`."""
         target = self.target
         width = self.bucket(max(len(b.tokens) for b in blocks))
         lengths = target.lengths()
         if width is None or max(lengths) + width > self.capacity:
-            return target.forward_dynamic(blocks)
+            return target.states_dynamic(blocks)
         rows, slots = len(blocks), target.max_batch
         starts = torch.tensor(lengths + [0] * (slots - rows), dtype=torch.long)  # idle slots write at 0
         pad = [RowBlock([0])] * (slots - rows)
@@ -106,5 +106,4 @@ class StaticBatchForward:
             x = self._run(buf)
         self.replays += 1
         target.num_forwards += 1
-        logits = target.single.logits(x[valid.to(x.device)])
-        return list(logits.split([len(b.tokens) for b in blocks]))
+        return x[valid.to(x.device)]

@@ -16,6 +16,7 @@ the ids it holds.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -48,6 +49,11 @@ class ShallowPass:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         self._owner.prefill(tokens)
+
+    def detached(self) -> NativeCachedModel:
+        """A private owner of the same layers with its own empty cache (`NativeCachedModel.twin`): a
+        drafter forked for one row of a batch runs its shallow passes there, not in the target's cache."""
+        return self._owner.twin()
 
     def reset(self) -> None:
         self._owner.reset()
@@ -109,6 +115,14 @@ class NativeCachedModel(TokenCacheVerbs):
     @property
     def max_length(self) -> int:
         return self.net.max_length
+
+    def twin(self) -> NativeCachedModel:
+        """A second owner of this model: the same weights, kernels and LM head, its own empty cache
+        (a drafter forked for one more sequence of a batch drafts there)."""
+        twin = copy.copy(self)
+        twin.cache, twin.tokens, twin.num_forwards = self.net.new_cache(), [], 0
+        twin._shallow, twin._block_start = [], 0
+        return twin
 
     def reset(self) -> None:
         self.tokens = []
@@ -204,6 +218,17 @@ class NativeCachedModel(TokenCacheVerbs):
         self._shallow_stop = stop
         self.cache.length = at + len(tokens)
         return x
+
+    def extend_layers(self, tokens: Sequence[int], stop: int) -> torch.Tensor:
+        """Append tokens as committed rows through layers [0, stop) only (a private copy of the
+        target's first layers, as a forked Kangaroo keeps: its deeper layers' keys are never read);
+        returns (n, H), the states entering layer `stop`."""
+        if self._shallow:
+            raise ValueError("extend_layers: shallow draft rows are pending (roll back first)")
+        states = self.extend_shallow(tokens, stop)
+        self.tokens.extend(self._shallow)
+        self._shallow = []
+        return states
 
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on: a new length, nothing copied."""

@@ -104,6 +104,11 @@ class Target(Protocol):
         """Empty the cache."""
         ...
 
+    def twin(self) -> Target:
+        """A second owner of the same weights with its own empty cache (a model drafter forked for
+        one more sequence of a batch)."""
+        ...
+
     def compact(self, keep: Sequence[int]) -> None:
         """Keep rows `keep` (increasing indices into the last forward's rows) of the last forward,
         moved to follow the context: a tree's accepted path (only where `supports_trees`)."""

@@ -6,8 +6,9 @@ round's new tokens go to their requests' event queues (the same events as `Worke
 and streaming do not change); a request whose client went away (its cancel flag) leaves the batch
 at the next round boundary. At most `max_batch` run and `max_queue` wait; more get 429.
 
-An engine that cannot batch (`Engine.batch_unsupported`: e.g. PEARL, a model drafter owning one
-cache) is served one request at a time by the `Worker` underneath, as before.
+Every drafter kind but CS Drafting's cascade batches (each row drafts with its own fork). An engine
+that cannot batch (`Engine.batch_unsupported`: PEARL, csd, a lossy verifier, a target with sliding
+windows) is served one request at a time by the `Worker` underneath, and says so at start-up.
 """
 
 from __future__ import annotations
