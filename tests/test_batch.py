@@ -143,7 +143,7 @@ def test_every_kind_runs_in_the_batched_engine(spec):
     """Model-drafted and composed kinds batch (the server's path): a list of prompts gives each
     prompt's own output, as a batch."""
     engine = Engine(tiny_text_model(dtype=torch.float64), EngineConfig(drafter=spec))
-    assert engine.batch_unsupported() is None
+    assert engine.batch_unsupported() is None and engine.batch_decoder(2).guard is not None  # guarded
     prompts = ["abcabcabcab", "hello hello hello", "the cat. the cat."]
     alone = [engine.generate(p, max_new_tokens=20) for p in prompts]
     together = engine.generate(prompts, max_new_tokens=20)

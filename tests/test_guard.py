@@ -138,3 +138,28 @@ def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
     for named, guarded in (({}, True), ({"guard": False}, False)):  # the two-process runner has none
         engine = Engine(target, options_from({"method": "pearl", "drafter": "ngram", "dtype": "float64", **named}))
         assert isinstance(METHODS["pearl"].build(engine.parts, SamplingConfig()).guard, DraftGuard) is guarded
+
+
+@pytest.mark.parametrize("draft_steps", [0.0, 6.0])
+def test_the_batch_guard_prices_every_rows_drafting(draft_steps):
+    """A batch's guard judges the whole round (its forward on the surface plus every row's drafting)
+    against a plain round of the same rows: drafting that costs 6 steps a row pauses; free drafting
+    on a flat surface cannot lose (a round commits at least a token a row at a plain round's cost)
+    and never pauses; each row's tokens stay its plain decoding's."""
+    from quickdraft.decoding.batch import BatchDecoder, run_batch
+    from quickdraft.decoding.batch_plan import BatchPlan
+    from quickdraft.runtime.batched import BatchedTarget
+
+    model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64).model
+    surface = {(b, w): 1.0 for b in (1, 2, 4) for w in (1, 5)}
+    dec = BatchDecoder(BatchedTarget(NativeCachedModel(model), 2), PromptLookupDrafter(), BatchPlan(surface, fixed=4))
+    dec.guard = DraftGuard(lambda rows, nodes: 0.0, window=4, pause=4, carries=True)
+    dec.draft_cost = lambda nodes: draft_steps
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [12, 13] * 6]
+    got = run_batch(dec, [(p, SamplingConfig(), StopConfig(40)) for p in prompts])
+    for p, c in zip(prompts, got, strict=True):
+        alone = Autoregressive(NativeCachedModel(model)).rounds(p, SamplingConfig(), 40, Generators.from_seed(0))
+        assert c.tokens == collect(alone, StopConfig(40)).token_ids
+    plain = sum(c.stats.extra.get("guard_plain_rounds", 0) for c in got)
+    assert sum(c.stats.num_draft_tokens for c in got) > 0  # speculation happened before any verdict
+    assert (plain > 0) == (draft_steps > 0)

@@ -17,7 +17,8 @@ from quickdraft.decoding import Generators
 from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
-from quickdraft.decoding.registry import METHODS, DecodeParts, pearl_gamma
+from quickdraft.decoding.guard import DraftGuard
+from quickdraft.decoding.registry import METHODS, DecodeParts, draft_cost, pearl_gamma, round_cost
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
@@ -227,6 +228,9 @@ class Engine:
             target.static = StaticBatchForward(target, self.target.max_length, graphs=self.device == "cuda")
         decoder = BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
         decoder.ran = self.ran()
+        if self.drafter is not None and self.config.draft.guard:  # never slower than a plain batch
+            decoder.guard = DraftGuard(round_cost(self.parts, not plan.trees), carries=True)
+            decoder.draft_cost = draft_cost(self.parts, not plan.trees)
         return decoder
 
     def generate_batch(

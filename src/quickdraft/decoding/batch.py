@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.costs.batch_costs import surface_cost
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
+from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import FEATURES, Drafter
 from quickdraft.runtime.batched import BatchedTarget, RowBlock
 from quickdraft.sampling import logits_to_probs
@@ -107,6 +109,10 @@ class BatchDecoder:
         self.rows: list[_Row] = []  # in the target's row order
         self.rounds = 0
         self.ran: dict[str, str] = {}  # what runs, copied into every row's statistics (Engine sets it)
+        # the draft guard over the whole batch (Engine sets it): nodes drafted by a row -> its drafting
+        # cost in one-row target steps, and the guard that drops to plain rounds while drafting loses
+        self.draft_cost: Callable[[int], float] | None = None
+        self.guard: DraftGuard | None = None
 
     @property
     def idle(self) -> bool:
@@ -198,7 +204,8 @@ class BatchDecoder:
 
     def _round(self) -> list[BatchUpdate]:
         start = time.perf_counter()
-        drafts = [self._draft(row) for row in self.rows]
+        plain = self.guard is not None and not self.guard.drafts()
+        drafts = [TokenTree() if plain else self._draft(row) for row in self.rows]
         mid = time.perf_counter()
         blocks = [
             RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask())
@@ -212,7 +219,7 @@ class BatchDecoder:
         offsets = [0]
         for out in logits:
             offsets.append(offsets[-1] + out.shape[0])
-        updates, drafted = [], []
+        rounds, drafted = [], []
         for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits, strict=True)):
             if row.sampling.greedy:
                 path, nxt = follow_greedy(draft, best[offsets[i] : offsets[i + 1]])
@@ -224,15 +231,33 @@ class BatchDecoder:
                 row.drafter.observe({FEATURES: features[i][torch.tensor(keep, device=features[i].device)]})
             new = [draft.tokens[j] for j in path] + [nxt]
             row.context += new
-            events = {"batch_rows": len(self.rows)}
+            events = {"batch_rows": len(self.rows)} | ({"guard_plain_rounds": 1} if plain else {})
             if len(draft):
                 drafted.append((len(draft), len(path)))
                 events.update({"tree_rounds": 1, "tree_nodes": len(draft), f"accepted_depth_{len(path)}": 1})
             depth = max(draft.depths) if len(draft) else None
-            rnd = Round(new, len(draft), len(path), mid - start, time.perf_counter() - mid, events, depth)
-            updates.append(BatchUpdate(row.key, row.collector.feed(rnd), row.collector))
+            rounds.append(Round(new, len(draft), len(path), mid - start, time.perf_counter() - mid, events, depth))
         self.plan.observe(drafted)
-        return updates
+        if drafted and self._pauses(drafts, sum(len(r.tokens) for r in rounds)):
+            for rnd in rounds:
+                rnd.events["guard_pauses"] = 1
+        return [
+            BatchUpdate(row.key, row.collector.feed(rnd), row.collector)
+            for row, rnd in zip(self.rows, rounds, strict=True)
+        ]
+
+    def _pauses(self, drafts: list[TokenTree], committed: int) -> bool:
+        """Record a drafted round with the guard; True when its verdict pauses drafting. The round
+        is priced as its batched forward (the host's surface at its rows and widest block) plus
+        every row's drafting, and counted in steps of a plain round of the same rows (a plain batch
+        commits one token per row per such step)."""
+        surface = self.plan.surface
+        if self.guard is None or self.draft_cost is None or surface is None:
+            return False
+        rows, width = len(drafts), 1 + max(len(d) for d in drafts)
+        cost = surface_cost(surface, rows, width) + sum(self.draft_cost(len(d)) for d in drafts)
+        steps = rows * cost / surface_cost(surface, rows, 1)
+        return self.guard.update(sum(len(d) for d in drafts), committed, steps=steps)
 
     def _draft(self, row: _Row) -> TokenTree:
         room = row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1

@@ -59,11 +59,14 @@ class DraftGuard:
             return False
         return True
 
-    def update(self, drafted: int, committed: int, rows: int | None = None) -> bool:
+    def update(self, drafted: int, committed: int, rows: int | None = None, steps: float | None = None) -> bool:
         """Record a drafted round (`drafted` nodes drafted, verified in one forward over `rows` rows:
-        by default the last committed token and the nodes; `committed` tokens kept); returns True
-        when this round's verdict pauses drafting."""
-        self._recent.append((committed, self.cost(drafted + 1 if rows is None else rows, drafted)))
+        by default the last committed token and the nodes; `committed` tokens kept; `steps`: its cost
+        when the caller priced it, as a batch prices its rounds); returns True when this round's
+        verdict pauses drafting."""
+        if steps is None:
+            steps = self.cost(drafted + 1 if rows is None else rows, drafted)
+        self._recent.append((committed, steps))
         if len(self._recent) > self.window:
             self._recent.popleft()
         if len(self._recent) < self.window:
