@@ -212,13 +212,26 @@ class NativeLlama:
         b, t = ids.shape
         x = self.embed_ids(ids)
         tables = {k: (c.view(b, t, -1), s.view(b, t, -1)) for k, (c, s) in self.tables(positions.reshape(-1)).items()}
-        mask = mask[:, None].to(self.device)
-        if any(self.windows) and int(positions.max()) >= min(w for w in self.windows if w):
-            raise ValueError("sliding-window layers past their window in a batch: run requests one at a time")
+        mask = mask.to(self.device)
+        masks = {w: batch_window_mask(mask, cache.starts, positions, w) for w in set(self.windows) if w}
+        masks[None] = mask
+        masks = {w: m[:, None] for w, m in masks.items()}  # (B, 1, T, span): one head dimension
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
-            x = layer.forward(x, cos, sin, cache, i, cache.starts, mask)
+            x = layer.forward(x, cos, sin, cache, i, cache.starts, masks[self.windows[i] or None])
         return self.rms_norm(x, self.norm)
+
+
+def batch_window_mask(mask: torch.Tensor, starts: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """A batch's (B, T, span) `mask` narrowed to a sliding window: row b's cached context holds
+    positions 0..starts[b]-1 in order and its new rows, written at starts[b].., are at `positions`
+    (B, T); a row at position p sees keys at positions > p - window (a padding row still sees itself).
+    No read back from the device: it runs inside a captured CUDA graph (runtime/graphs.py)."""
+    b, t = positions.shape
+    keys = torch.arange(mask.shape[-1], device=mask.device).repeat(b, 1)  # (B, span) key positions
+    cols = starts.to(mask.device)[:, None] + torch.arange(t, device=mask.device)
+    keys.scatter_(1, cols, positions.to(mask.device))
+    return mask & (keys[:, None, :] > positions.to(mask.device)[:, :, None] - window)
 
 
 def window_mask(mask: torch.Tensor | None, at: int, positions: torch.Tensor, window: int) -> torch.Tensor | None:

@@ -83,9 +83,9 @@ class NativeCachedModel(TokenCacheVerbs):
     ) -> None:
         self.model = model.eval()
         self.net = NativeLlama(model, linears)
-        # the batched forward (models/batched.BatchedTarget) keeps no sliding window and caps no scores:
-        # such models (Gemma 2/3, Mistral) decode one sequence at a time
-        self.supports_batches = not any(self.net.windows) and all(b.attn_softcap is None for b in self.net.layers)
+        # the batched forward (models/batched.BatchedTarget) caps no scores: such models (Gemma 2) decode
+        # one sequence at a time; sliding windows (Gemma 3, Mistral) narrow the batch's mask per layer
+        self.supports_batches = all(b.attn_softcap is None for b in self.net.layers)
         self.vocab_size = vocab_size or int(model.config.vocab_size)
         self.cache = self.net.new_cache()
         self.tokens: list[int] = []
