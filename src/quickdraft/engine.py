@@ -176,8 +176,6 @@ class Engine:
         if not self.method.batches:
             return f"method {cfg.method!r} decodes one sequence at a time"
         if not self.target.supports_batches:
-            if self.target.runtime == "native":
-                return "the target's soft-capped attention runs one sequence at a time"
             return "the target does not run on the native runtime"
         if cfg.verifier not in (None, "greedy", "speculative"):
             return f"verifier {cfg.verifier!r} (a batch verifies with the lossless rules)"

@@ -227,8 +227,7 @@ class Block:
             q = q * self.q_scale
         k, v = qk[..., self.heads :, :].transpose(-3, -2), y[..., qk_heads:, :].transpose(-3, -2)
         if self.attn_softcap is not None:  # capped scores: the explicit product, as Hugging Face's eager path
-            if cache is not None and type(cache) is not KVCache:
-                raise ValueError("attention soft-capping in a batch: run requests one at a time")
+            # (one sequence, or a batch: its keys and values over the span, under the batch's mask)
             keys, values = (k, v) if cache is None else cache.write(layer, at, k, v)
             out = capped_attention(q, keys, values, mask, self.attn_softcap)
         elif cache is None:

@@ -72,7 +72,9 @@ class NativeCachedModel(TokenCacheVerbs):
     runtime = "native"
     supports_trees = True
     reads_states = True
-    supports_batches = True  # models/batched.BatchedTarget runs several sequences over its forward
+    # models/batched.BatchedTarget runs several sequences over its forward, every described block
+    # (sliding windows narrow the batch's mask per layer; capped scores take the explicit product)
+    supports_batches = True
 
     def __init__(
         self,
@@ -83,9 +85,6 @@ class NativeCachedModel(TokenCacheVerbs):
     ) -> None:
         self.model = model.eval()
         self.net = NativeLlama(model, linears)
-        # the batched forward (models/batched.BatchedTarget) caps no scores: such models (Gemma 2) decode
-        # one sequence at a time; sliding windows (Gemma 3, Mistral) narrow the batch's mask per layer
-        self.supports_batches = all(b.attn_softcap is None for b in self.net.layers)
         self.vocab_size = vocab_size or int(model.config.vocab_size)
         self.cache = self.net.new_cache()
         self.tokens: list[int] = []

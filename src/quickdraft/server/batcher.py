@@ -7,8 +7,8 @@ and streaming do not change); a request whose client went away (its cancel flag)
 at the next round boundary. At most `max_batch` run and `max_queue` wait; more get 429.
 
 Every drafter kind but CS Drafting's cascade batches (each row drafts with its own fork). An engine
-that cannot batch (`Engine.batch_unsupported`: PEARL, csd, a lossy verifier, a soft-capped target,
-Gemma 2) is served one request at a time by the `Worker` underneath, and says so at start-up.
+that cannot batch (`Engine.batch_unsupported`: PEARL, csd, a lossy verifier, a target on the `hf`
+runtime) is served one request at a time by the `Worker` underneath, and says so at start-up.
 """
 
 from __future__ import annotations
