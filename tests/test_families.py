@@ -37,6 +37,7 @@ SHAPE = dict(
     bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )  # fmt: skip
 WINDOW = 5  # sliding windows short enough for the tests' sequences to cross them
+LONG_FROM = 16  # longrope's original_max_position_embeddings: the long factors from position 16
 
 FAMILIES = {
     "llama3-rope": (
@@ -64,6 +65,20 @@ FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=8)),  # q/k norms
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=WINDOW, head_dim=8)),
     "phi3": (Phi3Config, Phi3ForCausalLM, dict()),  # fused q/k/v and gate/up
+    "phi3-longrope": (  # short factors up to position 15, long ones from 16 (the tests cross it)
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            max_position_embeddings=64,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                short_factor=[1.0, 1.1, 1.2, 1.3],
+                long_factor=[2.0, 3.0, 4.0, 5.0],
+                original_max_position_embeddings=LONG_FROM,
+            ),
+        ),  # fmt: skip
+    ),
     "gemma2": (  # soft-capped attention scores and final logits, alternating sliding layers
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -151,18 +166,32 @@ def test_speculative_decoding_through_the_native_forward_equals_plain(name, draf
     assert drafted > 0  # speculation happened
 
 
+def test_longrope_switches_factors_by_position_as_decoding_one_token_at_a_time():
+    """Phi-3's longrope natively: a prefill and a tree across position 16 give the logits of
+    Hugging Face's forward fed one token at a time (short factors before, long ones from there)."""
+    model = family_model("phi3-longrope").model
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4]  # positions 0..19
+    cache, steps = None, []
+    with torch.no_grad():
+        for i, t in enumerate(seq):
+            out = model(torch.tensor([[t]]), past_key_values=cache, use_cache=True, position_ids=torch.tensor([[i]]))
+            cache = out.past_key_values
+            steps.append(out.logits[0, -1])
+    nat = NativeCachedModel(model)
+    assert close(nat.prefill(seq[:14])[-1], steps[13])
+    assert close(nat.extend(seq[14:]), torch.stack(steps[14:]))
+    assert not close(NativeCachedModel(family_model("phi3").model).prefill(seq)[-1], steps[-1])  # it mattered
+
+
 def test_an_architecture_the_block_cannot_express_falls_back_with_a_reason():
-    """Phi-3's longrope changes its frequencies with the sequence length: Hugging Face's forward runs,
-    and the runtime says why in one line."""
+    """Dynamic NTK scaling changes its frequencies with the sequence length: Hugging Face's forward
+    runs, and the runtime says why in one line."""
     torch.manual_seed(0)
-    rope = dict(
-        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[2.0] * 4,
-        original_max_position_embeddings=16,
-    )  # fmt: skip
-    model = Phi3ForCausalLM(Phi3Config(**{**SHAPE, "max_position_embeddings": 64, "rope_parameters": rope})).eval()
+    rope = dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)
+    model = LlamaForCausalLM(LlamaConfig(**{**SHAPE, "rope_parameters": rope})).eval()
     reason = unsupported_reason(model)
-    assert reason is not None and "longrope" in reason and "\n" not in reason
-    engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-phi3-longrope"), EngineConfig(method="ar"))
+    assert reason is not None and "dynamic" in reason and "\n" not in reason
+    engine = Engine(LoadedModel(model=model, tokenizer=None, name="tiny-dynamic"), EngineConfig(method="ar"))
     assert type(engine.target).__name__ == "CachedModel"
 
 

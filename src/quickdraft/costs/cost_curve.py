@@ -42,7 +42,9 @@ def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
 
 def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 5) -> dict[int, float]:
     """{rows: median seconds of a forward over that many new rows / that of one row}, measured after
-    `context` cached tokens; the cache is reset afterwards. model: a cache owner (extend/rollback)."""
+    `context` cached tokens (fewer when the model's context is short); the cache is reset afterwards.
+    model: a cache owner (extend/rollback)."""
+    context = max(1, min(context, model.max_length - max(widths)))
     probe = [3 + i % max(1, model.vocab_size - 3) for i in range(context)]
     model.reset()
     model.extend(probe)

@@ -9,9 +9,12 @@ type (Gemma 3's local and global bases), sliding-window layers (Mistral, Gemma 2
 it enables them) and Gemma 2's soft-capping (scores capped in an explicit attention product, since
 SDPA cannot cap them; final logits capped after the LM head). RoPE scaling that is fixed per model
 (linear, llama3, yarn: Hugging Face's rotary module already holds the scaled frequencies and
-attention factor) runs as the default does; scaling that changes with the sequence (dynamic,
-Phi-3's longrope) does not, and `unsupported_reason` says so in one line (the runtime then runs
-Hugging Face's forward).
+attention factor) runs as the default does. Phi-3's longrope has two sets of frequencies: a row at
+position p uses the long factors once p + 1 > original_max_position_embeddings (what Hugging Face's
+forward gives decoding one token at a time; its forward over a longer prompt in one call uses the
+long factors for every row of that call), so verification rows equal plain decoding's. Scaling that
+changes with the sequence otherwise (dynamic NTK) is not native, and `unsupported_reason` says so in
+one line (the runtime then runs Hugging Face's forward).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ FAMILIES: dict[str, BlockStyle] = {
     "gemma3_text": BlockStyle(norm="gemma", act="gelu_tanh"),
 }
 FIXED_ROPE = ("default", "linear", "llama3", "yarn")  # what the rotary module's inv_freq already holds
+NATIVE_ROPE = (*FIXED_ROPE, "longrope")  # longrope: the short and the long factors' tables, by position
 
 
 def _ropes(cfg) -> list[dict]:
@@ -48,9 +52,12 @@ def unsupported_reason(model) -> str | None:
     cfg = model.config
     if cfg.model_type not in FAMILIES:
         return f"model type {cfg.model_type!r} (native: {', '.join(sorted(FAMILIES))})"
-    for rope in _ropes(cfg):
-        if rope.get("rope_type", "default") not in FIXED_ROPE:
-            return f"RoPE scaling {rope.get('rope_type')!r} (native: {', '.join(FIXED_ROPE)})"
+    ropes = _ropes(cfg)
+    for rope in ropes:
+        if rope.get("rope_type", "default") not in NATIVE_ROPE:
+            return f"RoPE scaling {rope.get('rope_type')!r} (native: {', '.join(NATIVE_ROPE)})"
+        if rope.get("rope_type") == "longrope" and len(ropes) > 1:
+            return "longrope per layer type"
     if getattr(cfg, "pretraining_tp", 1) != 1:
         return "pretraining_tp > 1"
     act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
@@ -122,4 +129,20 @@ def rope_sets(model) -> dict[str, tuple[torch.Tensor, float]]:
             t: (getattr(rotary, f"{t}_inv_freq").float(), float(getattr(rotary, f"{t}_attention_scaling")))
             for t in types
         }
-    return {"": (rotary.inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))}
+    inv_freq = getattr(rotary, "original_inv_freq", None)  # longrope may have swapped `inv_freq`
+    inv_freq = rotary.inv_freq if inv_freq is None else inv_freq
+    return {"": (inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))}
+
+
+def long_ropes(model) -> dict[str, tuple[torch.Tensor, int]]:
+    """{"": (the long factors' inv_freq (d/2,) float32, the first position that uses them)} for
+    Phi-3's longrope (module docstring); empty for every other RoPE."""
+    cfg = model.config
+    ropes = _ropes(cfg)
+    if len(ropes) != 1 or ropes[0].get("rope_type") != "longrope":
+        return {}
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    start = int(ropes[0].get("original_max_position_embeddings") or cfg.original_max_position_embeddings)
+    long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](cfg, None, seq_len=start + 1)
+    return {"": (long_freq.float(), start)}

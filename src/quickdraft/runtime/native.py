@@ -21,7 +21,7 @@ import torch
 
 from quickdraft.runtime.batch_cache import BatchKVCache
 from quickdraft.runtime.block_parts import gemma_norm
-from quickdraft.runtime.families import describe, rope_sets, unsupported_reason
+from quickdraft.runtime.families import describe, long_ropes, rope_sets, unsupported_reason
 from quickdraft.runtime.fused_layers import LayerKernels
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
 from quickdraft.runtime.llama_block import Block, KVCache, add_norm, rope_tables
@@ -104,6 +104,7 @@ class NativeLlama:
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)  # logits c * tanh(z / c) (Gemma 2)
         self.head = model.lm_head.weight  # (V, H); tied models share the embedding's storage
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
+        self.long_ropes = {k: (f.to(self.device), start) for k, (f, start) in long_ropes(model).items()}
         self.kernel_layers = LayerKernels(self.layers, self.windows, self.rope_keys)  # plain blocks: one C++ call a run
 
     def new_cache(self, capacity: int = 512) -> KVCache:
@@ -124,8 +125,14 @@ class NativeLlama:
         return x if self.embed_scale is None else x * self.embed_scale
 
     def tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{RoPE table key: (cos, sin) at `positions`}, one per layer type that has its own."""
-        return {k: rope_tables(f, positions, self.dtype, scale) for k, (f, scale) in self.ropes.items()}
+        """{RoPE table key: (cos, sin) at `positions`}, one per layer type that has its own (longrope:
+        the long factors' rows where a position has reached them; no read back from the device)."""
+        out = {k: rope_tables(f, positions, self.dtype, scale) for k, (f, scale) in self.ropes.items()}
+        for k, (f, start) in self.long_ropes.items():
+            far = (positions >= start)[:, None]
+            (cos, sin), (long_cos, long_sin) = out[k], rope_tables(f, positions, self.dtype, self.ropes[k][1])
+            out[k] = (torch.where(far, long_cos, cos), torch.where(far, long_sin, sin))
+        return out
 
     def forward(
         self,
