@@ -311,7 +311,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once(model):
 
 def test_caches_grow_by_doubling_and_keep_their_contents():
     from quickdraft.runtime.batch_cache import BatchKVCache
-    from quickdraft.runtime.llama_block import KVCache
+    from quickdraft.runtime.static_cache import KVCache
 
     single = KVCache(2, 1, 3, torch.float64, "cpu", capacity=4, limit=20)
     single.ensure(3)

@@ -212,3 +212,34 @@ def test_windowed_and_capped_families_batch(name):
     drafted = sd.generate(prompts, max_new_tokens=12)
     assert [r.token_ids for r in drafted] == [r.token_ids for r in alone]
     assert sum(r.stats.num_draft_tokens for r in drafted) > 0 and drafted[0].stats.extra.get("batch_rows")
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "qwen2", "phi3", "mistral"])
+def test_described_blocks_run_the_fused_kernels_batch_invariantly(name, monkeypatch):
+    """Over one sequence a described block runs the fused kernels (Gemma's 1 + w norms folded into
+    the RMSNorm kernel, per-head q/k norms, biases, the attention scale, sandwich norms, GeGLU): in
+    float32 its logits stay close to Hugging Face's, and in bf16 a 5-row forward (a verify) equals
+    five one-row steps bit for bit, so greedy speculation equals plain decoding exactly in bf16."""
+    from quickdraft.runtime import kernels
+    from quickdraft.runtime.llama_block import Block
+
+    if kernels.fused_ops() is None:
+        pytest.skip("no fused kernels on this host")
+    calls = []
+    fused = Block._fused_forward
+    monkeypatch.setattr(Block, "_fused_forward", lambda self, *a: calls.append(1) or fused(self, *a))
+    seq, more = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [8, 9, 7, 9, 3]
+    model = family_model(name, dtype=torch.float32).model
+    got, want = NativeCachedModel(model).prefill(seq)[-1], hf_logits(model, seq)[-1]
+    assert calls and (got - want).abs().max() <= 1e-4 * want.abs().max()
+    model = family_model(name, dtype=torch.bfloat16).model
+    wide, steps = NativeCachedModel(model), NativeCachedModel(model)
+    wide.prefill(seq)
+    steps.prefill(seq)
+    rows = wide.extend(more)
+    assert torch.equal(rows, torch.cat([steps.extend([t]) for t in more]))
+    ar = Engine(LoadedModel(model, None, name), EngineConfig(method="ar", dtype="bfloat16"))
+    sd = Engine(LoadedModel(model, None, name), options_from({"drafter": "suffix:none", "guard": False}))
+    for prompt in ([5, 6, 7, 5, 6, 7], [9, 9, 9, 9]):
+        a, b = (e.generate_ids(prompt, SamplingConfig(), StopConfig(24)) for e in (ar, sd))
+        assert b.token_ids == a.token_ids and b.stats.num_draft_tokens > 0

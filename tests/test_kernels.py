@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.runtime import kernels, linear
-from quickdraft.runtime.llama_block import KVCache, rms_norm, rope_tables, rotate
+from quickdraft.runtime.llama_block import rms_norm, rope_tables, rotate
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.static_cache import KVCache
 
 from conftest import tiny_llama
 

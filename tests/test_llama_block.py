@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from quickdraft.models.draft_heads import DraftBlock, DraftHeadConfig, block_cache, init_from_target
-from quickdraft.runtime.llama_block import KVCache
 from quickdraft.runtime.native import NativeLlama
+from quickdraft.runtime.static_cache import KVCache
 
 from conftest import tiny_llama
 

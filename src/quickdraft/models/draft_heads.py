@@ -27,7 +27,8 @@ from torch import nn
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
-from quickdraft.runtime.llama_block import Block, KVCache, causal_mask, rope_tables
+from quickdraft.runtime.llama_block import Block, causal_mask, rope_tables
+from quickdraft.runtime.static_cache import KVCache
 from quickdraft.weights import weight_files
 
 HEAD_WEIGHTS = "draft_head.safetensors"

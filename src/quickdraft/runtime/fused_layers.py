@@ -15,7 +15,8 @@ import torch
 
 from quickdraft.runtime import kernels
 from quickdraft.runtime.linear import Linear, PackedRows
-from quickdraft.runtime.llama_block import ATTEND_ROWS, Block, KVCache
+from quickdraft.runtime.llama_block import ATTEND_ROWS, Block
+from quickdraft.runtime.static_cache import KVCache
 from quickdraft.weights.quant import W8A8Linear
 from quickdraft.weights.w4a8 import W4A8Linear
 

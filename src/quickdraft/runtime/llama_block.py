@@ -8,16 +8,15 @@ grouped-query heads), so the native target's logits equal Hugging Face's to roun
 float64). A block's linears are callables (plain, packed bf16, int8 or int4 kernels: `linear.py`,
 `quant.py`, or a module's own `nn.Linear`), and q/k/v (gate/up) may be one fused call.
 
-`KVCache` is the one position-indexed cache: (layers, kv_heads, capacity, head_dim) keys and values,
-grown by doubling (rarely: the capacity starts at the expected length), `length` valid positions;
-rollback sets a length (nothing is copied) and `keep` moves a chosen subset of new rows into place
-(the accepted path of a tree).
+The block's KV cache is `static_cache.KVCache`. Over one sequence the block runs the fused kernels
+(`kernels/fused.cpp`: norms, RoPE with the cache write, attention, the gated activations), the
+described blocks too (Gemma's 1+w norms, q/k norms, sandwich norms, GeGLU, the attention scale).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -25,83 +24,7 @@ import torch.nn.functional as F
 from quickdraft.runtime import kernels
 from quickdraft.runtime.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm
 from quickdraft.runtime.linear import apply_rows
-
-
-class KVCache:
-    """Preallocated keys and values for `layers` blocks: (layers, kv_heads, capacity, head_dim) each.
-
-    Args:
-        capacity: positions allocated up front (grown by doubling when a write needs more).
-        limit: the most positions it may ever hold (the model's context).
-    """
-
-    def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = 512, limit: int = 1 << 30
-    ) -> None:
-        self.limit = limit
-        shape = (layers, kv_heads, min(capacity, limit), head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def ensure(self, length: int) -> None:
-        """Room for `length` positions."""
-        if length > self.capacity:
-            new = grown_capacity(length, self.capacity, self.limit)
-            self.k, self.v = grow(self.k, 2, new), grow(self.v, 2, new)
-
-    def rollback(self, length: int) -> None:
-        """Keep positions [0, length): a new length, nothing copied."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} outside [0, {self.length}]")
-        self.length = length
-
-    def keep(self, rows: torch.Tensor, dst: int, layers: slice = slice(None)) -> None:
-        """Copy positions `rows` (m,) to dst..dst+m (all layers, or `layers`) and end the cache there:
-        keep a chosen subset of new rows."""
-        for t in (self.k, self.v):
-            t[layers, :, dst : dst + rows.numel()] = t[layers, :, rows]
-        self.length = dst + rows.numel()
-
-    def attend(
-        self, layer: int, at: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Store (kv_heads, T, d) keys and values at at..at+T of `layer`, then attend (heads, T, d)
-        queries over [0, at + T) under `mask` ((T, at + T) bool, None: everything): (heads, T, d)."""
-        keys, values = self.write(layer, at, k, v)
-        if keys.dtype != q.dtype:  # a cache kept in another dtype than the activations
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
-        return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
-
-    def write(self, layer: int, at: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store (kv_heads, n, head_dim) keys and values at positions at..at+n of `layer`; returns the
-        layer's keys and values over [0, at + n) in the cache's dtype."""
-        n = k.shape[1]
-        self.k[layer, :, at : at + n] = k
-        self.v[layer, :, at : at + n] = v
-        return self.k[layer, :, : at + n], self.v[layer, :, : at + n]
-
-
-def grown_capacity(length: int, capacity: int, limit: int) -> int:
-    """The capacity a cache grows to for `length` positions: doubled (at least `length`, at most
-    `limit`); more than `limit` is an error."""
-    if length > limit:
-        raise ValueError(f"KV cache of {length} positions exceeds the model's context of {limit}")
-    return min(limit, max(length, 2 * capacity))
-
-
-def grow(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-    """`t` with dimension `dim` grown to `size` (zeros after the old entries): one copy."""
-    shape = list(t.shape)
-    shape[dim] = size
-    grown = t.new_zeros(shape)
-    grown.narrow(dim, 0, t.shape[dim]).copy_(t)
-    return grown
-
+from quickdraft.runtime.static_cache import KVCache
 
 # Up to this many rows attend through the fused kernel, more (a prompt's prefill) through torch's flash
 # SDPA, whose GEMMs pay there. Every verify width stays on the kernel: its sums run in key order, one
@@ -177,6 +100,7 @@ class Block:
     qkv_bias: torch.Tensor | None = None  # ((heads + 2 kv_heads) d,) added to the q/k/v projections (Qwen2)
     q_scale: float = 1.0  # queries times this: an attention scale other than 1/sqrt(d) (query_pre_attn_scalar)
     attn_softcap: float | None = None  # scores capped to (-c, c) by c * tanh(s / c) (Gemma 2): no SDPA then
+    _knorms: dict | None = field(default=None, repr=False)  # the kernels' norm weights (`_kernel_norms`)
 
     @property
     def plain(self) -> bool:
@@ -271,23 +195,46 @@ class Block:
         return x
 
     def _fusable(self, x: torch.Tensor, cache: KVCache) -> bool:
-        """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference."""
-        return self.plain and x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
+        """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference, a Llama
+        block, or a described one whose scores are not capped outside float64 (the reference dtype:
+        there its torch path keeps Hugging Face's arithmetic, float32 Gemma norms included)."""
+        described = self.attn_softcap is None and x.dtype != torch.float64
+        return (self.plain or described) and x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
+
+    def _kernel_norms(self) -> dict[str, torch.Tensor]:
+        """The norm weights as the RMSNorm kernel multiplies them: Gemma's 1 + w folded in once."""
+        if self._knorms is None:
+            names = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+            gemma = self.style.norm == "gemma"
+            weights = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+            self._knorms = {n: ((1.0 + w.float()).to(w.dtype) if gemma else w).contiguous() for n, w in weights.items()}
+        return self._knorms
 
     def _fused_forward(self, ops, x, cos, sin, cache: KVCache, layer: int, at: int, mask) -> torch.Tensor:
-        """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norm
-        (with the residual add), RoPE with the cache write, attention and SwiGLU are one call each; the
-        linears are the block's own. Same arithmetic as the torch path, rounding aside."""
+        """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norms
+        (with the residual add), RoPE with the cache write, attention and the gated activation are one
+        call each; the linears are the block's own. A described block adds its parts between them
+        (q/k/v biases, per-head q/k norms, the attention scale, the sandwich norms, GeGLU). Same
+        arithmetic as the torch path, rounding aside; row by row, so batch-invariant."""
+        norms, eps, n = self._kernel_norms(), self.eps, x.shape[0]
         x = x.contiguous()
-        _, h = add_norm(x, self.attn_norm, self.eps)
+        _, h = add_norm(x, norms["attn_norm"], eps)
         y = self.qkv[0](h) if len(self.qkv) == 1 else torch.cat([f(h) for f in self.qkv], dim=-1)
+        if self.qkv_bias is not None:
+            y = y + self.qkv_bias
+        if self.q_norm is not None:  # per-head RMSNorm of queries and keys, before RoPE
+            qd, kd, d = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim
+            q_rows = ops.add_rms_norm(y[:, :qd].reshape(-1, d).contiguous(), None, norms["q_norm"], eps)[1]
+            k_rows = ops.add_rms_norm(y[:, qd : qd + kd].reshape(-1, d).contiguous(), None, norms["k_norm"], eps)[1]
+            y = torch.cat([q_rows.view(n, qd), k_rows.view(n, kd), y[:, qd + kd :]], dim=1)
         if cos.dtype != y.dtype:
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
         q = ops.rope_store(
             y.contiguous(), cos.contiguous(), sin.contiguous(), cache.k[layer], cache.v[layer], at,
             self.heads, self.kv_heads,
         )  # fmt: skip
-        n = x.shape[0]
+        if self.q_scale != 1.0:
+            q = (q * self.q_scale).contiguous()
         if n <= ATTEND_ROWS:  # verify widths: one fused call, batch-invariant; a long prefill: flash SDPA
             out = ops.attend(q, cache.k[layer], cache.v[layer], at + n, mask)  # (T, heads * d)
         else:
@@ -295,13 +242,20 @@ class Block:
             q = q.transpose(0, 1)[None]  # (1, heads, T, d)
             out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
             out = out[0].transpose(0, 1).flatten(1)
-        x, h = add_norm(x, self.mlp_norm, self.eps, self.wo(out))
+        o = self.wo(out)
+        if self.post_attn_norm is not None:
+            o = ops.add_rms_norm(o.contiguous(), None, norms["post_attn_norm"], eps)[1]
+        x, h = add_norm(x, norms["mlp_norm"], eps, o)
+        gelu = self.style.act == "gelu_tanh"
         if len(self.gate_up) == 1 and self.gate_up_sizes[0] == self.gate_up_sizes[1]:
-            m = ops.silu_mul(self.gate_up[0](h).contiguous())
+            m = (ops.gelu_tanh_mul if gelu else ops.silu_mul)(self.gate_up[0](h).contiguous())
         else:
             gate, up = apply_rows(self.gate_up, self.gate_up_sizes, h)
-            m = F.silu(gate) * up
-        return x + self.down(m)
+            m = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+        m = self.down(m)
+        if self.post_mlp_norm is not None:
+            m = ops.add_rms_norm(m.contiguous(), None, norms["post_mlp_norm"], eps)[1]
+        return x + m
 
 
 def causal_mask(t: int, at: int, device) -> torch.Tensor:

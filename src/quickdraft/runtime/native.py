@@ -24,7 +24,8 @@ from quickdraft.runtime.block_parts import gemma_norm
 from quickdraft.runtime.families import describe, long_ropes, rope_sets, unsupported_reason
 from quickdraft.runtime.fused_layers import LayerKernels
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
-from quickdraft.runtime.llama_block import Block, KVCache, add_norm, rope_tables
+from quickdraft.runtime.llama_block import Block, add_norm, rope_tables
+from quickdraft.runtime.static_cache import KVCache
 
 __all__ = ["NativeLlama", "unsupported_reason"]
 

@@ -317,6 +317,35 @@ Tensor silu_mul(const Tensor& gu) {
 }
 
 
+// (T, 2 I) fused gate|up rows -> (T, I) gelu_tanh(gate) * up (Gemma's GeGLU), tanh(y) = 1 - 2 / (e^{2y} + 1)
+// with the same fast exp as silu_mul; row by row, so batch-invariant
+Tensor gelu_tanh_mul(const Tensor& gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "gelu_tanh_mul: contiguous (T, 2I)");
+  const int64_t T = gu.size(0), I = gu.size(1) / 2;
+  Tensor out = at::empty({T, I}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "gelu_tanh_mul", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* G = gu.data_ptr<scalar_t>();
+    scalar_t* O = out.data_ptr<scalar_t>();
+    const acc_t c = static_cast<acc_t>(0.7978845608028654), k = static_cast<acc_t>(0.044715);
+    at::parallel_for(0, T, std::max<int64_t>(1, kGrain / I), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* g = G + t * 2 * I;
+        const scalar_t* u = g + I;
+        for (int64_t i = 0; i < I; ++i) {
+          const acc_t x = static_cast<acc_t>(g[i]);
+          acc_t y = c * (x + k * x * x * x);
+          y = std::min(std::max(y, acc_t(-20)), acc_t(20));  // tanh is +-1 to float precision beyond
+          const acc_t th = acc_t(1) - acc_t(2) / (fast_exp(acc_t(2) * y) + acc_t(1));
+          const scalar_t gelu = static_cast<scalar_t>(acc_t(0.5) * x * (acc_t(1) + th));  // rounded as F.gelu
+          O[t * I + i] = static_cast<scalar_t>(static_cast<acc_t>(gelu) * static_cast<acc_t>(u[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
 // ---- packed bf16 linears: y = x W^T with W streamed once, no horizontal sums --------------------------
 // pack_bf16 lays a (N, K) weight out as (N/16, K/2, 16, 2): for each block of 16 outputs, every pair of
 // input columns is 16 x 2 contiguous bf16 (the VNNI pairing), so one vdpbf16ps multiplies a broadcast
@@ -857,6 +886,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_store", &rope_store, "RoPE on q and k of fused qkv rows; k, v written to the layer's cache");
   m.def("attend", &attend, "attention of T rows over the first L cached positions (GQA, optional mask)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up over fused gate|up rows");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu_tanh(gate) * up over fused gate|up rows (GeGLU)");
   m.def("pack_bf16", &pack_bf16, "a (N, K) bf16 weight in linear_packed's layout (N/16, K/2, 16, 2)");
   m.def("linear_packed", &linear_packed, "x W^T for bf16 rows over a pack_bf16 weight (AVX512-BF16 where present)");
   m.def("pack_int8", &pack_int8, "(N, K) int8 weights in linear_w8a8's layout (N/16, K/4, 16, 4), K padded to 32");
