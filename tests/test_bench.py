@@ -2,6 +2,7 @@
 tiny model (with the hf-assisted peer), the compare diagnosis and the prompt sets."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,19 @@ def test_compare_reads_rows_stored_compressed(tmp_path):
     assert load_rows(tmp_path) == (rows, {})
     with pytest.raises(QuickdraftError, match="holds no benchmark results"):
         load_rows(tmp_path / "missing")
+
+
+def test_bench_plot_draws_a_runs_plots_again(tmp_path, capsys):
+    """`quickdraft bench plot OUT` redraws the plots a run's folder no longer tracks, from its
+    results.json; a folder without one is refused in one line (exit 2)."""
+    import shutil
+
+    from quickdraft.cli import main
+
+    run = Path(__file__).resolve().parents[1] / "docs" / "bench" / "attend-quick"
+    shutil.copy(run / "results.json", tmp_path / "results.json")
+    assert main(["bench", "plot", str(tmp_path)]) == 0
+    assert (tmp_path / "speedup_by_category.png").stat().st_size > 1000
+    assert (tmp_path / "acceptance_by_position.png").is_file()
+    assert main(["bench", "plot", str(tmp_path / "none")]) == 2
+    assert "holds no results.json" in capsys.readouterr().err

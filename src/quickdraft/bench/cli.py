@@ -1,4 +1,4 @@
-"""`quickdraft bench` (run), `quickdraft bench compare` and `quickdraft bench doc`."""
+"""`quickdraft bench` (run), `quickdraft bench compare`, `quality`, `plot` and `doc`."""
 
 from __future__ import annotations
 
@@ -50,6 +50,10 @@ def add_bench_parser(sub, add_model_flags) -> None:
     qual = actions.add_parser("quality", help="output quality of each method (lossy ones above all) vs plain decoding")
     qual.add_argument("out", help="a benchmark output folder")
     qual.set_defaults(func=_cmd_quality)
+
+    plot = actions.add_parser("plot", help="draw a benchmark run's plots again from its results.json")
+    plot.add_argument("out", help="a benchmark output folder")
+    plot.set_defaults(func=_cmd_plot)
 
     doc = actions.add_parser("doc", help="write a markdown page from benchmark reports")
     doc.add_argument("outs", nargs="+", help="benchmark output folders")
@@ -118,6 +122,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         f"{len(mismatches) - real} near-tie divergences, {real} unexplained"
     )
     return 1 if real else 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    import json
+
+    from quickdraft.bench.report import write_plots
+    from quickdraft.errors import QuickdraftError
+
+    path = Path(args.out) / "results.json"
+    if not path.is_file():
+        raise QuickdraftError(f"{args.out} holds no results.json (a `quickdraft bench --out` folder)")
+    for name in write_plots(Path(args.out), json.loads(path.read_text())):
+        print(f"written: {args.out}/{name}")
+    return 0
 
 
 def _cmd_quality(args: argparse.Namespace) -> int:

@@ -122,12 +122,18 @@ def render_report(summary: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, summary: dict, rows: list[dict]) -> Path:
+def write_plots(out: Path, summary: dict) -> list[str]:
+    """Draw a run's plots into `out` from its summary (results.json); their file names."""
     plots = ["speedup_by_category.png", "acceptance_by_position.png"]
     plot_speedup_by_category(summary, out / plots[0])
     plot_acceptance_by_position(summary, out / plots[1])
     if plot_speedup_vs_draft_length(summary, out / "speedup_vs_draft_length.png"):
         plots.append("speedup_vs_draft_length.png")
+    return plots
+
+
+def write_report(out: Path, summary: dict, rows: list[dict]) -> Path:
+    plots = write_plots(out, summary)
     path = out / "report.md"
     path.write_text(render_report(summary, plots))
     return path
