@@ -110,3 +110,32 @@ def test_a_new_kind_is_one_record(with_repeat):
         assert out.stats.num_draft_tokens > 0, spec  # speculation happened
     sampled = Engine(target, options_from({"method": "pearl", "drafter": "repeat:2", "gamma": 2}))
     assert len(sampled.generate("abab", max_new_tokens=8, temperature=1.0, seed=1).token_ids) == 8
+
+
+def test_a_self_draft_head_restricted_to_k_ids(tmp_path):
+    """`;vocab=K|PATH` on a self-draft: its head keeps the K most frequent ids of a ranking (q = 0
+    elsewhere), greedy outputs stay plain decoding's; bad options and a target without a shipped
+    ranking are refused by name."""
+    from safetensors.torch import save_file
+
+    from quickdraft.drafters.vocab import RANKED
+
+    from conftest import tiny_llama
+
+    target = tiny_llama(vocab=48, layers=3, seed=5, dtype=torch.float64)
+    ranked = torch.arange(target.vocab_size - 1, -1, -1, dtype=torch.int32)  # any order: a ranking
+    save_file({"ranked": ranked}, str(tmp_path / RANKED))
+    for spec in (f"truncated:2;vocab={tmp_path}", f"quant:int8;vocab={tmp_path / RANKED}"):
+        sd = Engine(target, options_from({"drafter": spec, "draft_tree": 0, "draft_length": 3, "guard": False}))
+        assert sd.drafter.model.head_ids.numel() == target.vocab_size
+        ar = Engine(target, EngineConfig(method="ar"))
+        for prompt in ([5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]):
+            a, b = ar.generate(prompt, max_new_tokens=16), sd.generate(prompt, max_new_tokens=16)
+            assert b.token_ids == a.token_ids and b.stats.num_draft_tokens > 0
+    for bad, why in (("truncated:2;vocab=0", ">= 1"), ("quant:int8;k=3", "one option"), ("truncated:2;", "one option")):
+        with pytest.raises(QuickdraftError, match=why):
+            parse_drafter_spec(bad)
+    with pytest.raises(QuickdraftError, match="no id ranking ships"):
+        Engine(target, options_from({"drafter": "truncated:2;vocab=8"}))
+    few = Engine(target, options_from({"drafter": f"truncated:2;vocab={tmp_path}"}))
+    assert few.drafter.model.head_ids.tolist() == sorted(ranked.tolist())

@@ -203,7 +203,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.draft_out is None:
             raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
         target = load_model(args.target, "bfloat16")
-        draft = truncated_copy(target, int(stages[0].arg))
+        from quickdraft.drafters.model_drafter import parse_truncated
+
+        draft = truncated_copy(target, parse_truncated(stages[0].arg))  # vLLM keeps the whole head
         draft.model.save_pretrained(args.draft_out)
         if draft.tokenizer is not None:
             draft.tokenizer.save_pretrained(args.draft_out)

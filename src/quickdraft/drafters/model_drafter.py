@@ -21,6 +21,7 @@ from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_to
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg, required_path
 from quickdraft.drafters.tree import model_tree
+from quickdraft.drafters.vocab import restricted_head, split_vocab
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model
@@ -30,12 +31,13 @@ from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, res
 
 
 def parse_quant(arg: str | None):
-    """`quant[:MODE]`: the target's own weights quantized (MODE as `--quantize`, default w4a8: its step
-    is 0.375 of a bf16 target step on an AMD EPYC, where int4's and gguf's weight-only kernels take 0.8;
-    docs/bench/draft-costs)."""
+    """`quant[:MODE[;vocab=K]]`: the target's own weights quantized (MODE as `--quantize`, default
+    w4a8: its step is 0.375 of a bf16 target step on an AMD EPYC, where int4's and gguf's weight-only
+    kernels take 0.8; docs/bench/draft-costs), its head restricted to K ids (drafters/vocab.py)."""
     from quickdraft.weights.quant import parse_quantize
 
-    spec = parse_quantize(arg or "w4a8")
+    mode, _ = split_vocab("quant", arg)
+    spec = parse_quantize(mode or "w4a8")
     if not spec.active:
         raise QuickdraftError("drafter 'quant:none' would be the target itself: choose w4a8, int4, int8, w8a8 or gguf")
     return spec
@@ -125,9 +127,15 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     return model_drafter(load_model(spec.arg, dtype), target, str(spec), runtime)
 
 
+def parse_truncated(arg: str | None) -> int:
+    """`truncated:N[;vocab=K]`: the target's first N layers (its head restricted to K ids)."""
+    return int_arg("truncated", split_vocab("truncated", arg)[0])
+
+
 def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
-    layers = int_arg("truncated", spec.arg)
-    return model_drafter(truncated_copy(target, layers, own_dtype(dtype, target)), target, str(spec), runtime)
+    draft = truncated_copy(target, parse_truncated(spec.arg), own_dtype(dtype, target))
+    draft.head_ids = restricted_head(target, split_vocab("truncated", spec.arg)[1])
+    return model_drafter(draft, target, str(spec), runtime)
 
 
 def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
@@ -148,7 +156,8 @@ def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     check_dtype(own, f"drafter {spec}")
     model = target.model if own == target.model.dtype else copy.deepcopy(target.model).to(own)
     quantized = quantize_model(target, parse_quant(spec.arg), own)
-    return ModelDrafter(cached_model(model, target.vocab_size, None, "native", quantized.linears), name=str(spec))
+    head = restricted_head(target, split_vocab("quant", spec.arg)[1])
+    return ModelDrafter(cached_model(model, target.vocab_size, head, "native", quantized.linears), name=str(spec))
 
 
 def _export_model(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
@@ -182,10 +191,10 @@ MODEL = DrafterKind(
 )
 TRUNCATED = DrafterKind(
     name="truncated",
-    usage="truncated:N",
-    summary="the target's first N layers, its norm and LM head",
+    usage="truncated:N[;vocab=K]",
+    summary="the target's first N layers, its norm and LM head (;vocab=K: the head's K most frequent ids)",
     build=_truncated,
-    check_arg=lambda arg: int_arg("truncated", arg),
+    check_arg=parse_truncated,
     drafts_trees=True,
     can_review=True,
     hf_model=True,
@@ -204,8 +213,8 @@ DISTILLED = DrafterKind(
 )
 QUANT = DrafterKind(
     name="quant",
-    usage="quant[:w4a8|int4[:G]|int8|w8a8|gguf]",
-    summary="the target's own weights quantized, a self-draft with its own cache",
+    usage="quant[:w4a8|int4[:G]|int8|w8a8|gguf[;vocab=K]]",
+    summary="the target's own weights quantized, a self-draft with its own cache (;vocab=K: a K-id head)",
     build=_quant,
     check_arg=parse_quant,
     drafts_trees=True,

@@ -1,0 +1,69 @@
+"""A self-draft's LM head restricted to the K most frequent ids of the target's text: `;vocab=K`
+after a self-draft's argument (`truncated:N;vocab=K`, `quant:MODE;vocab=K`).
+
+A self-draft keeps the target's whole LM head, and on a large vocabulary that head is most of its
+step (Gemma 3 270M: 168M of its 268M parameters are the tied 262k x 640 head). Restricted to K ids,
+the draft multiplies only those K rows and its q is 0 elsewhere, so the acceptance rule stays
+lossless (a token outside the K ids is never drafted; the target still emits it). The ids are
+ranked once per target by their frequency in the SeqKD prompts and responses (ShareGPT prompts and
+SmolLM2's answers: never the benchmark sets), re-encoded with the target's tokenizer
+(`scripts/rank_vocab.py`), and shipped as `assets/vocab/KEY/ranked_ids.safetensors`; `;vocab=PATH`
+takes such a file (every id it ranks) for any other target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from quickdraft.errors import QuickdraftError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "vocab"
+RANKED = "ranked_ids.safetensors"
+# target name -> its ranking's folder under assets/vocab
+VOCAB_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct", "gemma-3-270m": "gemma-3-270m"}
+
+
+def split_vocab(kind: str, arg: str | None) -> tuple[str | None, str | None]:
+    """(the kind's own argument, the `vocab` value) of `ARG[;vocab=K|PATH]`; a bad option is refused."""
+    if arg is None or ";" not in arg:
+        return arg, None
+    main, _, option = arg.partition(";")
+    key, eq, value = option.partition("=")
+    if key != "vocab" or not eq or not value:
+        raise QuickdraftError(f"drafter '{kind}:{arg}': the one option is ;vocab=K (a head of the K most frequent ids)")
+    if value.isdigit() and int(value) < 1:
+        raise QuickdraftError(f"drafter '{kind}:{arg}': vocab must be >= 1")
+    return main or None, value
+
+
+def ranked_ids(target_name: str | None, value: str) -> torch.Tensor:
+    """(R,) int64 token ids, most frequent first: the ranking shipped for the target (`value` a
+    number), or the one in the file `value` names."""
+    if value.isdigit():
+        key = VOCAB_FOR.get(target_name or "")
+        if key is None or not (ASSETS / key / RANKED).is_file():
+            raise QuickdraftError(
+                f";vocab={value}: no id ranking ships for target {target_name!r} "
+                f"(make one with scripts/rank_vocab.py and pass ;vocab=PATH)"
+            )
+        path = ASSETS / key / RANKED
+    else:
+        path = Path(value).expanduser()
+        path = path / RANKED if path.is_dir() else path
+        if not path.is_file():
+            raise QuickdraftError(f";vocab={value}: no such ranking file (scripts/rank_vocab.py writes one)")
+    return load_file(str(path))["ranked"].to(torch.long)
+
+
+def restricted_head(target, value: str | None) -> torch.Tensor | None:
+    """(K,) sorted int64 ids a self-draft's head keeps for `;vocab=VALUE` (None: the whole head)."""
+    if value is None:
+        return None
+    ranked = ranked_ids(target.name, value)
+    if int(ranked.max()) >= target.vocab_size:
+        raise QuickdraftError(f";vocab={value}: the ranking holds ids beyond the target's {target.vocab_size}")
+    keep = ranked[: int(value)] if value.isdigit() else ranked
+    return keep.sort().values
