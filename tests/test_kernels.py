@@ -81,6 +81,30 @@ def test_silu_mul_equals_torch():
 
 
 @needs_ops
+def test_gelu_tanh_mul_equals_torch():
+    gu = torch.randn(4, 2 * 40, dtype=torch.float32) * 4
+    want = F.gelu(gu[:, :40], approximate="tanh") * gu[:, 40:]
+    torch.testing.assert_close(ops.gelu_tanh_mul(gu), want, atol=1e-5, rtol=1e-5)
+
+
+@needs_ops
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype):
+    """T causal rows in one call against each row alone over just its keys: equal bits, for every
+    tail of keys (the probabilities go through one vector exp, 16 keys at a time)."""
+    torch.manual_seed(0)
+    at, t, heads, kv = 37, 21, 4, 2
+    q = (torch.randn(t, heads, d) * 3).to(dtype)
+    k = (torch.randn(kv, at + t, d) * 3).to(dtype)
+    v = torch.randn(kv, at + t, d).to(dtype)
+    mask = torch.ones(t, at + t, dtype=torch.bool).tril(diagonal=at)
+    wide = ops.attend(q, k, v, at + t, mask)
+    alone = torch.cat([ops.attend(q[i : i + 1].contiguous(), k, v, at + i + 1, None) for i in range(t)])
+    assert torch.equal(wide, alone)
+
+
+@needs_ops
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
 @pytest.mark.parametrize("shape", [(96, 64), (37, 23), (1536, 576)])
 def test_packed_bf16_linear_equals_f_linear(rows, shape):

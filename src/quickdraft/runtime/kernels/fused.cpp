@@ -157,6 +157,24 @@ inline __m512 lane_sums16(__m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
 }
 
+// fast_exp over 16 lanes with explicit instructions (the same range reduction and polynomial)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
 template <typename scalar_t, int D16>
 void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M, scalar_t* O,
                        int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t length, float scale) {
@@ -164,7 +182,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
   const int64_t padded = (length + 15) / 16 * 16;
   thread_local std::vector<float> p, keep;
   p.resize(padded);
-  keep.resize(length);
+  keep.resize(padded);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t t = r / group, h = g * group + r % group;
@@ -186,10 +204,16 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
       _mm512_storeu_ps(p.data() + j0, lane_sums16(part));
     }
     const bool* mrow = M ? M + t * length : nullptr;
-    for (int64_t j = 0; j < length; ++j) keep[j] = (mrow && !mrow[j]) ? 0.f : 1.f;
+    for (int64_t j = 0; j < padded; ++j) keep[j] = (j >= length || (mrow && !mrow[j])) ? 0.f : 1.f;
     float best = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, p[j]) : best;
-    for (int64_t j = 0; j < length; ++j) p[j] = fast_exp(p[j] - best) * keep[j];  // masked keys: exactly 0
+    // 16 keys at a time through the vector exp: a key's probability does not depend on how many keys
+    // the call holds (a compiler-vectorized loop over `length` would take its tail keys another way)
+    const __m512 top = _mm512_set1_ps(best);
+    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.data() + j0), top));
+      _mm512_storeu_ps(p.data() + j0, _mm512_mul_ps(e, _mm512_loadu_ps(keep.data() + j0)));  // masked: 0
+    }
     float total = 0.f;
     __m512 acc[D16];
     for (int c = 0; c < D16; ++c) acc[c] = _mm512_setzero_ps();
@@ -256,7 +280,8 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
 #endif
     const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
     at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> p(length), keep(length), qf(d), acc(d);
+      const int64_t padded8 = (length + 7) / 8 * 8;
+      std::vector<acc_t> p(padded8, acc_t(0)), keep(padded8, acc_t(0)), qf(d), acc(d);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t t = task / heads, h = task % heads, g = h / group;
         const scalar_t* qr = Qp + (t * heads + h) * d;
@@ -272,7 +297,10 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
         }
         acc_t best = -std::numeric_limits<acc_t>::infinity();
         for (int64_t j = 0; j < length; ++j) best = keep[j] != 0 ? std::max(best, p[j]) : best;
-        for (int64_t j = 0; j < length; ++j) p[j] = fast_exp(p[j] - best) * keep[j];  // masked keys: exactly 0
+        // in fixed blocks of 8 keys (padded with masked ones): every key goes through the same code
+        // whatever `length` is (a vectorized loop over `length` takes its tail keys another way)
+        for (int64_t j0 = 0; j0 < padded8; j0 += 8)
+          for (int jj = 0; jj < 8; ++jj) p[j0 + jj] = fast_exp(p[j0 + jj] - best) * keep[j0 + jj];  // masked: 0
         // Sums in key order, one key at a time (the vectorized loop runs over the head dimension): a row's
         // result does not depend on how many keys or other rows the call holds (masked keys add zeros),
         // so a row verified among others equals the same row decoded alone, bit for bit.
