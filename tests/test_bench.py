@@ -216,17 +216,19 @@ def test_hf_assisted_defaults_to_prompt_lookup_and_refuses_model_free_drafters(t
 
 
 def test_bench_measures_batched_throughput(tiny_model_dir, prompt_file, tmp_path):
-    """--batch: each run's prompts in one continuous batch beside the same method one at a time;
-    a method that cannot batch (a model drafter owns one cache) is left out."""
+    """--batch: each run's prompts in one continuous batch beside the same method one at a time (a
+    model drafter too: each row drafts with its own fork); a method that cannot batch (PEARL) is
+    left out."""
     out = tmp_path / "out"
     # a pinned tree: under auto a tiny model's measured curve may say no budget pays on a loaded host
-    methods = f"ar,sd:drafter=suffix:none,draft_tree=4,sd:drafter=model:{tiny_model_dir}"
+    model = f"model:{tiny_model_dir}"
+    methods = f"ar,sd:drafter=suffix:none,draft_tree=4,sd:drafter={model},pearl:drafter={model}"
     cfg = BenchConfig(
         methods=methods, prompts=prompt_file, max_new_tokens=12, runs=1, target=tiny_model_dir, dtype="float64",
         batch=2, out=str(out),
     )  # fmt: skip
     batched = run_bench(cfg, progress=False)["batched"]
-    assert set(batched) == {"ar", "sd:drafter=suffix:none,draft_tree=4"}
+    assert set(batched) == {"ar", "sd:drafter=suffix:none,draft_tree=4", f"sd:drafter={model}"}
     for b in batched.values():
         assert b["matches_one_at_a_time"] == 1.0 and b["tokens_per_s"] > 0 and b["max_batch"] == 2
     assert "continuous batch" in (out / "report.md").read_text()

@@ -123,6 +123,7 @@ GROUPS: dict[str, list[Step]] = {
     "gemma": [  # the second real target (the gemma extra, which the README's test command installs)
         Step("quickdraft prepare --target gemma3-270m"),
         Step("quickdraft generate 'def fibonacci(n):' --target gemma3-270m", SMALL),
+        Step("quickdraft generate 'def fibonacci(n):' --target gemma3-270m --drafter 'quant:w4a8;vocab=32768'", SMALL),
         Step(
             "quickdraft bench --target gemma3-270m --prompts humaneval --limit 24 --runs 1 --max-new-tokens 128 "
             "--methods ar,sd,llama-cpp",
