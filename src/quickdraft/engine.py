@@ -88,12 +88,9 @@ class Engine:
             torch.set_num_threads(config.threads)
         return cls(load_model(config.target, config.dtype), config)
 
-    # --- prompts (kept for callers of earlier releases; the codec owns them) -----------------
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
+        """Token ids of a prompt (text, chat messages or ids; `raw`: no chat template): the codec's."""
         return self.prompts.encode(prompt, raw)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return self.prompts.decode(ids)
 
     # --- generation -----------------------------------------------------------------------
     @property
@@ -171,7 +168,12 @@ class Engine:
 
     # --- batched generation ------------------------------------------------------------------
     def batch_unsupported(self) -> str | None:
-        """Why this engine cannot decode several sequences in one batch (None: it can)."""
+        """Why this engine cannot decode several sequences in one batch (None: it can); found once."""
+        if "batch_reason" not in self.parts.memo:
+            self.parts.memo["batch_reason"] = self._batch_reason()
+        return self.parts.memo["batch_reason"]
+
+    def _batch_reason(self) -> str | None:
         cfg = self.config
         if not self.method.batches:
             return f"method {cfg.method!r} decodes one sequence at a time"
