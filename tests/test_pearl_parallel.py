@@ -52,8 +52,12 @@ def test_parallel_equals_sequential(tiny_model_dir, sampling):
 def test_auto_gamma_and_engine_method(tiny_model_dir):
     target = load_model(tiny_model_dir, "float32")
     eng = Engine(
-        target, EngineConfig(method="pearl", drafter="truncated:1", pearl=PearlConfig(parallel=True)), dtype="float32"
-    )
+        target,
+        EngineConfig(
+            method="pearl", drafter="truncated:1", pearl=PearlConfig(parallel=True), draft=DraftConfig(guard=False)
+        ),
+        dtype="float32",
+    )  # unguarded: two processes as asked, whatever this host measures
     try:
         res = eng.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids))
         assert 1 <= eng.parallel_runner().gamma <= 16
@@ -108,3 +112,26 @@ def test_one_core_is_refused_clearly():
     with pytest.raises(QuickdraftError, match="at least 2 CPU cores"):
         split_cores({0})
     assert split_cores({0, 1, 2}) == ((0, 1), (2,))
+
+
+def test_parallel_is_declined_where_one_process_measures_faster(tiny_model_dir, monkeypatch, capsys):
+    """--parallel asks; the measured round costs decide (`registry.parallel_pays`): where two
+    processes would be slower the engine runs PEARL in one and says so (stderr once, and the
+    statistics), with the same tokens; --no-guard runs it as asked."""
+    from quickdraft.decoding import registry
+
+    target = load_model(tiny_model_dir, "float32")
+    config = EngineConfig(method="pearl", drafter="truncated:1", pearl=PearlConfig(parallel=True))
+    monkeypatch.setattr(registry, "parallel_pays", lambda parts: (False, "measured slower (test)"))
+    eng = Engine(target, config, dtype="float32")
+    res = eng.generate_ids([5, 6, 7], SamplingConfig(), StopConfig(12, target.eos_token_ids))
+    assert res.stats.extra.get("pearl_parallel_declined") == 1 and res.stats.num_draft_tokens > 0
+    assert "--parallel declined: measured slower (test)" in capsys.readouterr().err
+    with pytest.raises(QuickdraftError, match="does not run parallel PEARL"):
+        eng.parallel_runner()
+    ref = Engine(target, EngineConfig(method="ar"), dtype="float32")
+    stop = StopConfig(12, target.eos_token_ids)
+    assert res.token_ids == ref.generate_ids([5, 6, 7], SamplingConfig(), stop).token_ids
+    monkeypatch.undo()  # the real measurement, on the engine's own target and draft
+    ok, why = registry.parallel_pays(eng.parts)
+    assert isinstance(ok, bool) and "ms in two processes" in why and "ms in one" in why

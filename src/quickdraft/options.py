@@ -181,7 +181,7 @@ OPTIONS: dict[str, Option] = {
             ("draft", "guard"),
             _bool,
             "never slower than plain decoding: plain rounds while drafting measurably loses on this host's "
-            "costs, probing again later (--no-guard drafts every round)",
+            "costs, probing again later (--no-guard drafts every round and runs --parallel as asked)",
             flag="--no-guard",
         ),
         Option(
@@ -206,7 +206,7 @@ OPTIONS: dict[str, Option] = {
             "parallel",
             ("pearl", "parallel"),
             _bool,
-            "PEARL in two worker processes (1 core each at least)",
+            "PEARL in two worker processes (1 core each at least); one process where it measures faster",
             flag="--parallel",
         ),
         Option("target", ("target",), str, "local HF model folder (default: embedded SmolLM2-135M-Instruct)"),

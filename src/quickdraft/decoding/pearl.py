@@ -229,8 +229,17 @@ class PearlDecoder:
 
     name = "pearl"
 
-    def __init__(self, target: Target, drafter: Drafter, verifier: Verifier, config: PearlConfig, gamma: int):
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter,
+        verifier: Verifier,
+        config: PearlConfig,
+        gamma: int,
+        events: dict[str, int] | None = None,
+    ) -> None:
         self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
+        self.events = dict(events or {})  # reported once with the first token (parallel declined)
         self.lossy = verifier.lossy
         self.last_verdict: PearlVerdict | None = None
         # one process only: plain rounds while drafting loses on this host's costs (decoding/guard.py);
@@ -243,6 +252,7 @@ class PearlDecoder:
         self.drafter.begin(prompt_ids)
         self.last_verdict = None
         first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        first.events = dict(self.events)
         yield first
         logic = PearlLogic(
             list(prompt_ids) + first.tokens,

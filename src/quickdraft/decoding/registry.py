@@ -8,6 +8,7 @@ take their method lists from here. Adding a method: a decoder class and one `Met
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,7 +61,7 @@ class DecodeParts:
         self.memo.clear()
 
 
-def pearl_gamma(parts: DecodeParts) -> int:
+def pearl_gamma(parts: DecodeParts, parallel: bool | None = None) -> int:
     """PEARL's window: the configured one, else measured once per engine (target step / draft step:
     drafting gamma tokens takes one target forward, which hides it behind the forward in two
     processes). In one process the halves run one after the other, so every drafted token adds its
@@ -70,7 +71,35 @@ def pearl_gamma(parts: DecodeParts) -> int:
         return parts.config.pearl.gamma
     if "pearl_gamma" not in parts.memo:
         parts.memo["pearl_gamma"] = gamma_from_costs(step_seconds(parts.target), drafter_step_seconds(parts.drafter))
-    return parts.memo["pearl_gamma"] if parts.config.pearl.parallel else min(DEFAULT_GAMMA, parts.memo["pearl_gamma"])
+    parallel = parts.config.pearl.parallel if parallel is None else parallel
+    return parts.memo["pearl_gamma"] if parallel else min(DEFAULT_GAMMA, parts.memo["pearl_gamma"])
+
+
+def parallel_pays(parts: DecodeParts) -> tuple[bool, str]:
+    """(whether PEARL in two processes beats one, the measured reason), once per engine. A round of
+    gamma drafts and one verify costs max(T_half, gamma D_half) in two processes (the target's step
+    on its half of the cores, the draft's on the rest) and T_all + gamma D_all in one (both steps with
+    every core), with the same acceptance: measured here, not assumed (2 cores halve each step's
+    threads)."""
+    if "pearl_parallel_pays" not in parts.memo:
+        import torch
+
+        from quickdraft.decoding.pearl_parallel import split_cores
+
+        gamma, threads = pearl_gamma(parts, parallel=True), torch.get_num_threads()
+        t_all, d_all = step_seconds(parts.target), drafter_step_seconds(parts.drafter) or 0.0
+        target_cores, draft_cores = split_cores()
+        try:
+            torch.set_num_threads(len(target_cores))
+            t_half = step_seconds(parts.target)
+            torch.set_num_threads(len(draft_cores))
+            d_half = drafter_step_seconds(parts.drafter) or 0.0
+        finally:
+            torch.set_num_threads(threads)
+        two, one = max(t_half, gamma * d_half), t_all + gamma * d_all
+        why = f"a round of {gamma} drafts: {two * 1e3:.1f} ms in two processes, {one * 1e3:.1f} ms in one"
+        parts.memo["pearl_parallel_pays"] = (two < one, why)
+    return parts.memo["pearl_parallel_pays"]
 
 
 def _ar(parts: DecodeParts, sampling: SamplingConfig):
@@ -206,8 +235,14 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
     verifier = make_verifier(parts.config.verifier, sampling)  # refuses bad combinations here, not in a worker
     if verifier.reads_logits:
         raise QuickdraftError(f"PEARL verifies with greedy, speculative or lenient rules, not {verifier.name}")
-    if not parts.config.pearl.parallel:
-        decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, pearl_gamma(parts))
+    declined = parts.config.pearl.parallel and parts.config.draft.guard and not parallel_pays(parts)[0]
+    if declined and "pearl_declined" not in parts.memo:  # said once per engine; --no-guard forces it
+        print(f"quickdraft: --parallel declined: {parallel_pays(parts)[1]}", file=sys.stderr)
+        parts.memo["pearl_declined"] = True
+    if not parts.config.pearl.parallel or declined:
+        events = {"pearl_parallel_declined": 1} if declined else {}
+        gamma = pearl_gamma(parts, parallel=False)
+        decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, gamma, events)
         return with_guard(decoder, parts, True, sampling)  # its halves run one after the other
     if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
