@@ -345,3 +345,19 @@ def test_rows_of_very_different_lengths_attend_in_two_groups(model):
         ref.reset()
         ref.extend(p)
         assert torch.allclose(ref.extend(block.tokens), logits, atol=1e-10)
+
+
+def test_the_batched_forward_runs_the_kernels_batch_invariantly_in_bf16():
+    """On the CPU the batched forward runs the fused kernels (norms, linears and activations over
+    every row at once, RoPE and attention row by row over its own cache): in bf16 every row's greedy
+    output equals its request alone, drafts and late joins included."""
+    from quickdraft.runtime import kernels
+
+    if kernels.fused_ops() is None:
+        pytest.skip("no fused kernels on this host")
+    bf16 = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.bfloat16).model
+    prompts, lengths = _prompts(7, seed=6), [9, 30, 4, 22, 30, 13, 17]
+    dec = BatchDecoder(BatchedTarget(NativeCachedModel(bf16), 3), SuffixDrafter(None), BatchPlan(None, fixed=5))
+    got = run_batch(dec, [(p, GREEDY, StopConfig(n)) for p, n in zip(prompts, lengths, strict=True)])
+    assert [c.tokens for c in got] == [_alone(bf16, p, n) for p, n in zip(prompts, lengths, strict=True)]
+    assert sum(c.stats.num_accepted_draft_tokens for c in got) > 0  # speculation happened

@@ -15,6 +15,7 @@ described blocks too (Gemma's 1+w norms, q/k norms, sandwich norms, GeGLU, the a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.runtime import kernels
+from quickdraft.runtime.batch_cache import BatchKVCache
 from quickdraft.runtime.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm
 from quickdraft.runtime.linear import apply_rows
 from quickdraft.runtime.static_cache import KVCache
@@ -183,8 +185,12 @@ class Block:
         x), then + MLP(norm x) when it has one. `rows` (a bool mask over x's rows): every row gives
         its keys and values, but only these rows are computed on, returned flattened to (N, H)
         (training reads the outputs of the scored rows only)."""
-        if rows is None and type(cache) is KVCache and self.down is not None and self._fusable(x, cache):
-            return self._fused_forward(kernels.fused_ops(), x, cos, sin, cache, layer, at, mask)
+        if rows is None and self.down is not None and cache is not None and self._fusable(x, cache):
+            if type(cache) is KVCache and x.dim() == 2:
+                attend = functools.partial(self._attend, cache.k[layer], cache.v[layer], at, mask)
+                return self._fused_forward(kernels.fused_ops(), x, cos, sin, attend)
+            if type(cache) is BatchKVCache and x.dim() == 3 and x.shape[1] <= ATTEND_ROWS:
+                return self._fused_batch_forward(x, cos, sin, cache, layer, at, mask)
         h = self.attention(self.norm(x, self.attn_norm), cos, sin, cache, layer, at, mask, rows)
         if self.post_attn_norm is not None:
             h = self.norm(h, self.post_attn_norm)
@@ -195,11 +201,11 @@ class Block:
         return x
 
     def _fusable(self, x: torch.Tensor, cache: KVCache) -> bool:
-        """The fused kernels run this block: (T, H) rows in the cache's dtype, CPU inference, a Llama
-        block, or a described one whose scores are not capped outside float64 (the reference dtype:
-        there its torch path keeps Hugging Face's arithmetic, float32 Gemma norms included)."""
+        """The fused kernels run this block: rows in the cache's dtype, CPU inference, a Llama block, or
+        a described one whose scores are not capped outside float64 (the reference dtype: there its
+        torch path keeps Hugging Face's arithmetic, float32 Gemma norms included)."""
         described = self.attn_softcap is None and x.dtype != torch.float64
-        return (self.plain or described) and x.dim() == 2 and cache.k.dtype == x.dtype and kernels.usable(x)
+        return (self.plain or described) and cache.k.dtype == x.dtype and kernels.usable(x)
 
     def _kernel_norms(self) -> dict[str, torch.Tensor]:
         """The norm weights as the RMSNorm kernel multiplies them: Gemma's 1 + w folded in once."""
@@ -210,12 +216,14 @@ class Block:
             self._knorms = {n: ((1.0 + w.float()).to(w.dtype) if gemma else w).contiguous() for n, w in weights.items()}
         return self._knorms
 
-    def _fused_forward(self, ops, x, cos, sin, cache: KVCache, layer: int, at: int, mask) -> torch.Tensor:
-        """`forward` over (T, H) rows of one sequence with the fused kernels (models/kernels): the norms
-        (with the residual add), RoPE with the cache write, attention and the gated activation are one
-        call each; the linears are the block's own. A described block adds its parts between them
-        (q/k/v biases, per-head q/k norms, the attention scale, the sandwich norms, GeGLU). Same
-        arithmetic as the torch path, rounding aside; row by row, so batch-invariant."""
+    def _fused_forward(self, ops, x, cos, sin, attend: Callable) -> torch.Tensor:
+        """`forward` over (T, H) rows with the fused kernels (models/kernels): the norms (with the
+        residual add), RoPE with the cache write, attention and the gated activation are one call
+        each; the linears are the block's own. A described block adds its parts between them (q/k/v
+        biases, per-head q/k norms, the attention scale, the sandwich norms, GeGLU). Same arithmetic
+        as the torch path, rounding aside; row by row, so batch-invariant. `attend(ops, y, cos, sin)`
+        runs RoPE, the cache write and attention of the fused q|k|v rows: one sequence's (`_attend`),
+        or each row of a batch over its own cache (`_fused_batch_forward`)."""
         norms, eps, n = self._kernel_norms(), self.eps, x.shape[0]
         x = x.contiguous()
         _, h = add_norm(x, norms["attn_norm"], eps)
@@ -229,19 +237,7 @@ class Block:
             y = torch.cat([q_rows.view(n, qd), k_rows.view(n, kd), y[:, qd + kd :]], dim=1)
         if cos.dtype != y.dtype:
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
-        q = ops.rope_store(
-            y.contiguous(), cos.contiguous(), sin.contiguous(), cache.k[layer], cache.v[layer], at,
-            self.heads, self.kv_heads,
-        )  # fmt: skip
-        if self.q_scale != 1.0:
-            q = (q * self.q_scale).contiguous()
-        if n <= ATTEND_ROWS:  # verify widths: one fused call, batch-invariant; a long prefill: flash SDPA
-            out = ops.attend(q, cache.k[layer], cache.v[layer], at + n, mask)  # (T, heads * d)
-        else:
-            keys, values = cache.k[layer, :, : at + n], cache.v[layer, :, : at + n]
-            q = q.transpose(0, 1)[None]  # (1, heads, T, d)
-            out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
-            out = out[0].transpose(0, 1).flatten(1)
+        out = attend(ops, y, cos, sin)  # (T, heads * d)
         o = self.wo(out)
         if self.post_attn_norm is not None:
             o = ops.add_rms_norm(o.contiguous(), None, norms["post_attn_norm"], eps)[1]
@@ -256,6 +252,44 @@ class Block:
         if self.post_mlp_norm is not None:
             m = ops.add_rms_norm(m.contiguous(), None, norms["post_mlp_norm"], eps)[1]
         return x + m
+
+    def _attend(self, k_cache, v_cache, at: int, mask, ops, y, cos, sin) -> torch.Tensor:
+        """RoPE and the cache write of one sequence's fused q|k|v rows y (T, width) at positions
+        at..at+T of a layer's (kv, capacity, d) cache, then their attention: (T, heads * d)."""
+        q = ops.rope_store(
+            y.contiguous(), cos.contiguous(), sin.contiguous(), k_cache, v_cache, at, self.heads, self.kv_heads
+        )
+        if self.q_scale != 1.0:
+            q = (q * self.q_scale).contiguous()
+        n = y.shape[0]
+        if n <= ATTEND_ROWS:  # verify widths: one fused call, batch-invariant; a long prefill: flash SDPA
+            return ops.attend(q, k_cache, v_cache, at + n, mask)
+        keys, values = k_cache[:, : at + n], v_cache[:, : at + n]
+        q = q.transpose(0, 1)[None]  # (1, heads, T, d)
+        out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1).flatten(1)
+
+    def _fused_batch_forward(self, x, cos, sin, cache: BatchKVCache, layer: int, starts, mask) -> torch.Tensor:
+        """`forward` over a batch's (B, T, H) rows with the fused kernels: the norms, linears and
+        activations over all B x T rows at once, RoPE, the cache write and attention row by row, each
+        over its own cache row under its mask ((B, 1, T, span)). Every kernel is batch-invariant, so a
+        row's outputs are the same bits as the same rows decoded alone (`_fused_forward`)."""
+        b, t, hidden = x.shape
+        at = [int(a) for a in starts.tolist()]
+
+        def attend(ops, y, cos_rows, sin_rows):
+            return torch.cat([
+                self._attend(
+                    cache.k[layer, i], cache.v[layer, i], at[i], mask[i, 0, :, : at[i] + t], ops,
+                    y[i * t : (i + 1) * t], cos_rows[i * t : (i + 1) * t], sin_rows[i * t : (i + 1) * t],
+                )
+                for i in range(b)
+            ])  # fmt: skip
+
+        flat = self._fused_forward(
+            kernels.fused_ops(), x.reshape(b * t, hidden), cos.reshape(b * t, -1), sin.reshape(b * t, -1), attend
+        )
+        return flat.view(b, t, hidden)
 
 
 def causal_mask(t: int, at: int, device) -> torch.Tensor:
