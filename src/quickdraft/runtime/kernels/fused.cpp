@@ -320,12 +320,14 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
   return out;
 }
 
-// (T, 2 I) fused gate|up rows -> (T, I) silu(gate) * up
-Tensor silu_mul(const Tensor& gu) {
-  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "silu_mul: contiguous (T, 2I)");
+// (T, 2 I) fused gate|up rows -> (T, I) act(gate) * up, act rounded to the dtype before the product
+// (as torch's activation, then its multiply); row by row, so batch-invariant
+template <typename Act>
+Tensor gated_mul(const Tensor& gu, const char* name, Act act) {
+  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, name, ": contiguous (T, 2I)");
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
   Tensor out = at::empty({T, I}, gu.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "silu_mul", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "gated_mul", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* G = gu.data_ptr<scalar_t>();
     scalar_t* O = out.data_ptr<scalar_t>();
@@ -334,9 +336,8 @@ Tensor silu_mul(const Tensor& gu) {
         const scalar_t* g = G + t * 2 * I;
         const scalar_t* u = g + I;
         for (int64_t i = 0; i < I; ++i) {
-          const acc_t x = static_cast<acc_t>(g[i]);
-          const scalar_t silu = static_cast<scalar_t>(x / (acc_t(1) + fast_exp(-x)));  // rounded as F.silu
-          O[t * I + i] = static_cast<scalar_t>(static_cast<acc_t>(silu) * static_cast<acc_t>(u[i]));
+          const scalar_t a = static_cast<scalar_t>(act(static_cast<acc_t>(g[i])));
+          O[t * I + i] = static_cast<scalar_t>(static_cast<acc_t>(a) * static_cast<acc_t>(u[i]));
         }
       }
     });
@@ -344,34 +345,23 @@ Tensor silu_mul(const Tensor& gu) {
   return out;
 }
 
-
-// (T, 2 I) fused gate|up rows -> (T, I) gelu_tanh(gate) * up (Gemma's GeGLU), tanh(y) = 1 - 2 / (e^{2y} + 1)
-// with the same fast exp as silu_mul; row by row, so batch-invariant
-Tensor gelu_tanh_mul(const Tensor& gu) {
-  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "gelu_tanh_mul: contiguous (T, 2I)");
-  const int64_t T = gu.size(0), I = gu.size(1) / 2;
-  Tensor out = at::empty({T, I}, gu.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "gelu_tanh_mul", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* G = gu.data_ptr<scalar_t>();
-    scalar_t* O = out.data_ptr<scalar_t>();
-    const acc_t c = static_cast<acc_t>(0.7978845608028654), k = static_cast<acc_t>(0.044715);
-    at::parallel_for(0, T, std::max<int64_t>(1, kGrain / I), [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const scalar_t* g = G + t * 2 * I;
-        const scalar_t* u = g + I;
-        for (int64_t i = 0; i < I; ++i) {
-          const acc_t x = static_cast<acc_t>(g[i]);
-          acc_t y = c * (x + k * x * x * x);
-          y = std::min(std::max(y, acc_t(-20)), acc_t(20));  // tanh is +-1 to float precision beyond
-          const acc_t th = acc_t(1) - acc_t(2) / (fast_exp(acc_t(2) * y) + acc_t(1));
-          const scalar_t gelu = static_cast<scalar_t>(acc_t(0.5) * x * (acc_t(1) + th));  // rounded as F.gelu
-          O[t * I + i] = static_cast<scalar_t>(static_cast<acc_t>(gelu) * static_cast<acc_t>(u[i]));
-        }
-      }
-    });
+// silu(gate) * up
+Tensor silu_mul(const Tensor& gu) {
+  return gated_mul(gu, "silu_mul", [](auto x) {
+    using acc_t = decltype(x);
+    return x / (acc_t(1) + fast_exp(-x));
   });
-  return out;
+}
+
+// gelu_tanh(gate) * up (Gemma's GeGLU), tanh(y) = 1 - 2 / (e^{2y} + 1) with the same fast exp
+Tensor gelu_tanh_mul(const Tensor& gu) {
+  return gated_mul(gu, "gelu_tanh_mul", [](auto x) {
+    using acc_t = decltype(x);
+    const acc_t c = static_cast<acc_t>(0.7978845608028654), k = static_cast<acc_t>(0.044715);
+    acc_t y = c * (x + k * x * x * x);
+    y = std::min(std::max(y, acc_t(-20)), acc_t(20));  // tanh is +-1 to float precision beyond
+    return acc_t(0.5) * x * (acc_t(1) + (acc_t(1) - acc_t(2) / (fast_exp(acc_t(2) * y) + acc_t(1))));
+  });
 }
 
 // ---- packed bf16 linears: y = x W^T with W streamed once, no horizontal sums --------------------------
