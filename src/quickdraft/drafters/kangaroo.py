@@ -75,9 +75,7 @@ class KangarooDrafter(Drafter):
         """A fork's own layers [0, l) brought to the committed tokens (context but its last): the
         prefix they share is kept, the rest run; their exit-layer states are the adapter's input."""
         committed, own = len(context) - 1, self.own
-        keep = min(own.length, committed)
-        if own.tokens[:keep] != list(context[:keep]):  # rare: scan for the split point
-            keep = next(i for i in range(keep) if own.tokens[i] != context[i])
+        keep = own.shared_prefix(context)
         own.rollback(keep)
         del self.states[keep:]
         self.kv.rollback(min(self.kv.length, keep))

@@ -18,12 +18,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from quickdraft.drafters.kinds import ASSETS as ALL_ASSETS
 from quickdraft.errors import QuickdraftError
+from quickdraft.weights.delta import SHIPPED_FOR
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "vocab"
+ASSETS = ALL_ASSETS / "vocab"
 RANKED = "ranked_ids.safetensors"
-# target name -> its ranking's folder under assets/vocab
-VOCAB_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct", "gemma-3-270m": "gemma-3-270m"}
+# target name -> its ranking's folder under assets/vocab: the shipped drafts' targets, and Gemma
+VOCAB_FOR = {**SHIPPED_FOR, "gemma-3-270m": "gemma-3-270m"}
 
 
 def split_vocab(kind: str, arg: str | None) -> tuple[str | None, str | None]:

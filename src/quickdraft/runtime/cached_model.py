@@ -59,6 +59,14 @@ class TokenCacheVerbs:
         self.reset()
         return self.extend(tokens, last_only=True, **extend_options)
 
+    def shared_prefix(self, context: Sequence[int]) -> int:
+        """How many leading cached ids equal `context`'s, at most all but its last (the last token is
+        always run again: its row is the one a sync returns)."""
+        limit = min(self.length, len(context) - 1)
+        if self.tokens[:limit] == list(context[:limit]):
+            return limit
+        return next(i for i in range(limit) if self.tokens[i] != context[i])  # rare: the slow scan
+
     def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
         """Make the cache hold `context` and return the logits of its last position.
 
@@ -71,10 +79,7 @@ class TokenCacheVerbs:
         Returns:
             (1, V) logits predicting the token after `context` (all fed rows if not last_only).
         """
-        limit = min(self.length, len(context) - 1)
-        keep = limit
-        if self.tokens[:limit] != list(context[:limit]):  # rare: the slow scan for the split point
-            keep = next(i for i in range(limit) if self.tokens[i] != context[i])
+        keep = self.shared_prefix(context)
         self.rollback(keep)
         return self.extend(context[keep:], last_only=last_only)
 
