@@ -17,7 +17,7 @@ from test_tree import MarkovTree
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
-from quickdraft.decoding import vanilla as tree_decoding  # the one round loop verifies trees there
+from quickdraft.decoding import round as tree_decoding  # the one round loop verifies trees there
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import make_drafter
 from quickdraft.drafters.base import DraftRequest

@@ -3,6 +3,8 @@
 Each policy has three small methods: `num_draft_tokens()` before a round, `keep_drafting(logits)`
 after each drafted token (None = never stop early), and `update(num_drafted, num_accepted)` after.
 All of them only change gamma, never the verification rule, so they keep decoding lossless.
+`ChainBudget` and `TreeBudget` grant a lone sequence's round its draft (the round loop's `Budget`;
+a batch's is `decoding/batch_plan.BatchPlan`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Protocol
 import torch
 
 from quickdraft.config import DraftConfig
+from quickdraft.drafters.base import DraftRequest
+from quickdraft.drafters.tree import TreeShape
 
 
 class DraftPolicy(Protocol):
@@ -72,3 +76,32 @@ def make_draft_policy(config: DraftConfig) -> DraftPolicy:
     if config.schedule == "confidence":
         return ConfidenceStop(config.num_draft_tokens, config.confidence_threshold)
     return FixedLength(config.num_draft_tokens)
+
+
+class ChainBudget:
+    """A lone sequence's chains (`decoding/round.Budget`): the policy's length, at most the room left."""
+
+    def __init__(self, policy: DraftPolicy) -> None:
+        self.policy = policy
+
+    def request(self, rows: int, room: int) -> DraftRequest | None:
+        k = min(self.policy.num_draft_tokens(), room)
+        return DraftRequest.chain(k, self.policy.keep_drafting) if k >= 1 else None
+
+    def observe(self, drafted: list[tuple[int, int]]) -> None:
+        for num_drafted, num_accepted in drafted:
+            self.policy.update(num_drafted, num_accepted)
+
+
+class TreeBudget:
+    """A lone sequence's trees (`decoding/round.Budget`): one shape, cut to the room left."""
+
+    def __init__(self, shape: TreeShape) -> None:
+        self.shape = shape
+
+    def request(self, rows: int, room: int) -> DraftRequest | None:
+        request = DraftRequest.tree(self.shape).within(room)
+        return request if request.budget >= 1 else None
+
+    def observe(self, drafted: list[tuple[int, int]]) -> None:
+        pass

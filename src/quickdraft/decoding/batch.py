@@ -16,10 +16,10 @@
 4. leave: rows that ended (EOS, stop strings, max tokens: their own `Collector`) or were cancelled
    leave the batch at the round boundary.
 
-Per row this is exactly the sequential loop (`decoding/vanilla.py` with a tree or chain), so every
-row's output is what the same request gives alone: equal tokens when greedy (tested in float64),
-the target's law when sampled (a chain is a one-wide tree; a model drafter's tree carries the q rows
-its tokens were drawn from).
+Steps 2 and 3 are the round loop's step (`decoding/round.py`), the one a lone request runs as a
+batch of one (`decoding/vanilla.py`), so every row's output is what the same request gives alone:
+equal tokens when greedy (tested in float64), the target's law when sampled (a chain is a one-wide
+tree; a model drafter's tree carries the q rows its tokens were drawn from).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
 
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.costs.batch_costs import surface_cost
@@ -37,11 +35,11 @@ from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
 from quickdraft.decoding.guard import DraftGuard
+from quickdraft.decoding.round import Lane, RoundLoop
 from quickdraft.drafters.base import FEATURES, Drafter
-from quickdraft.runtime.batched import BatchedTarget, RowBlock
-from quickdraft.sampling import logits_to_probs
+from quickdraft.runtime.batched import BatchedTarget
 from quickdraft.types import Round
-from quickdraft.verifiers.tree import TokenTree, follow_greedy, verify_tree_sampling
+from quickdraft.verifiers.tree import TokenTree
 
 
 @dataclass
@@ -66,14 +64,11 @@ class _Waiting:
 
 
 @dataclass
-class _Row:
+class _Row(Lane):
+    """A running sequence: its lane in the round loop, its key and its collector."""
+
     key: Hashable
-    context: list[int]
-    sampling: SamplingConfig
-    gens: Generators
-    drafter: Drafter | None
     collector: Collector
-    events: dict[str, int] = field(default_factory=dict)
 
 
 class BatchDecoder:
@@ -197,74 +192,32 @@ class BatchDecoder:
         collector = Collector(job.stop, self.detokenize)
         collector.stats.verifier = "tree" if drafter is not None else ""
         collector.stats.ran = dict(self.ran)
-        row = _Row(job.key, job.prompt + [token], job.sampling, gens, drafter, collector)
+        reads = (FEATURES,) if self.reads_features else ()
+        row = _Row(job.prompt + [token], job.sampling, gens, drafter, reads, job.key, collector)
         self.rows.append(row)
         kept = collector.feed(Round([token], verify_s=job.prefill_s))
         return BatchUpdate(job.key, kept, collector)
 
     def _round(self) -> list[BatchUpdate]:
-        start = time.perf_counter()
-        plain = self.guard is not None and not self.guard.drafts()
-        drafts = [TokenTree() if plain else self._draft(row) for row in self.rows]
-        mid = time.perf_counter()
-        blocks = [
-            RowBlock([row.context[-1], *d.tokens], [0, *d.depths], d.mask())
-            for row, d in zip(self.rows, drafts, strict=True)
-        ]
-        if self.reads_features:
-            logits, features = self.target.forward_features(blocks)
-        else:
-            logits, features = self.target.forward(blocks), None
-        best = torch.cat(logits).argmax(-1).tolist()  # every row's argmax: one read from the device
-        offsets = [0]
-        for out in logits:
-            offsets.append(offsets[-1] + out.shape[0])
-        rounds, drafted = [], []
-        for i, (row, draft, out) in enumerate(zip(self.rows, drafts, logits, strict=True)):
-            if row.sampling.greedy:
-                path, nxt = follow_greedy(draft, best[offsets[i] : offsets[i + 1]])
-            else:
-                path, nxt = verify_tree_sampling(draft, logits_to_probs(out, row.sampling), row.gens.target)
-            keep = [0] + [1 + j for j in path]
-            self.target.commit(i, keep)
-            if features is not None:
-                row.drafter.observe({FEATURES: features[i][torch.tensor(keep, device=features[i].device)]})
-            new = [draft.tokens[j] for j in path] + [nxt]
-            row.context += new
-            events = {"batch_rows": len(self.rows)} | ({"guard_plain_rounds": 1} if plain else {})
-            if len(draft):
-                drafted.append((len(draft), len(path)))
-                events.update({"tree_rounds": 1, "tree_nodes": len(draft), f"accepted_depth_{len(path)}": 1})
-            depth = max(draft.depths) if len(draft) else None
-            rounds.append(Round(new, len(draft), len(path), mid - start, time.perf_counter() - mid, events, depth))
-        self.plan.observe(drafted)
-        if drafted and self._pauses(drafts, sum(len(r.tokens) for r in rounds)):
-            for rnd in rounds:
-                rnd.events["guard_pauses"] = 1
+        """One round of the round loop (`decoding/round.py`) over every running row."""
+        loop = RoundLoop(self.target, self.plan, guard=self.guard, price=self._price, label_rows=True)
+        rooms = [row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1 for row in self.rows]
+        rounds = loop.step(self.rows, rooms)
         return [
             BatchUpdate(row.key, row.collector.feed(rnd), row.collector)
             for row, rnd in zip(self.rows, rounds, strict=True)
         ]
 
-    def _pauses(self, drafts: list[TokenTree], committed: int) -> bool:
-        """Record a drafted round with the guard; True when its verdict pauses drafting. The round
-        is priced as its batched forward (the host's surface at its rows and widest block) plus
-        every row's drafting, and counted in steps of a plain round of the same rows (a plain batch
-        commits one token per row per such step)."""
+    def _price(self, drafts: list[TokenTree]) -> float | None:
+        """A drafted round's cost for the guard, in steps of a plain round of the same rows (a plain
+        batch commits one token per row per such step): its batched forward (the host's surface at
+        its rows and widest block) plus every row's drafting. None without a surface or draft cost."""
         surface = self.plan.surface
-        if self.guard is None or self.draft_cost is None or surface is None:
-            return False
+        if self.draft_cost is None or surface is None:
+            return None
         rows, width = len(drafts), 1 + max(len(d) for d in drafts)
         cost = surface_cost(surface, rows, width) + sum(self.draft_cost(len(d)) for d in drafts)
-        steps = rows * cost / surface_cost(surface, rows, 1)
-        return self.guard.update(sum(len(d) for d in drafts), committed, steps=steps)
-
-    def _draft(self, row: _Row) -> TokenTree:
-        room = row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1
-        request = None if row.drafter is None else self.plan.request(len(self.rows), room)
-        if request is None:
-            return TokenTree()
-        return row.drafter.propose(row.context, request, row.sampling, row.gens.draft)
+        return rows * cost / surface_cost(surface, rows, 1)
 
     def _leave(self, i: int) -> None:
         """Row i leaves; the last row takes its place (as in the target's cache)."""

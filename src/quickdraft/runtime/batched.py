@@ -17,6 +17,7 @@ import torch
 
 from quickdraft.runtime.batch_cache import BatchKVCache
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.types import TargetOutput
 
 
 @dataclass
@@ -27,11 +28,15 @@ class RowBlock:
         tokens: (n,) ids: the last committed token, then the draft nodes.
         depths: (n,) position offsets from the row's length (None: 0..n-1, a chain).
         mask: (n, n) bool, which new rows each new row sees (None: causal).
+        shallow: (n, H) a chain's states after the target's first l layers (Kangaroo), computed
+            while drafting: a lone sequence's forward runs only the remaining layers (a batch
+            computes every row in full).
     """
 
     tokens: list[int]
     depths: list[int] | None = None
     mask: torch.Tensor | None = None
+    shallow: torch.Tensor | None = None
 
 
 class BatchedTarget:
@@ -117,6 +122,11 @@ class BatchedTarget:
         each row's (n_b, V) logits. With `static` set (models/graphs.py) its static or graphed
         forward runs it."""
         return self.forward_features(blocks)[0]
+
+    def run(self, blocks: Sequence[RowBlock]) -> list[TargetOutput]:
+        """`forward_features` as one record per row (the round loop's call: `decoding/round.py`)."""
+        logits, features = self.forward_features(blocks)
+        return [TargetOutput(out, features=x) for out, x in zip(logits, features, strict=True)]
 
     @torch.inference_mode()
     def forward_features(self, blocks: Sequence[RowBlock]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

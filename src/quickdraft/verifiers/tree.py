@@ -64,6 +64,23 @@ class TokenTree:
             return None
         return torch.stack([self.q_rows[i - 1] for i in range(len(self.tokens))])
 
+    def within_vocab(self, vocab_size: int) -> TokenTree:
+        """The tree without its nodes whose id is outside [0, vocab_size) and their descendants (no
+        target row can accept them); itself when every id is inside."""
+        if all(0 <= t < vocab_size for t in self.tokens):
+            return self
+        index: dict[int, int] = {-1: -1}  # old node -> new node
+        out = TokenTree()
+        for i, (token, parent) in enumerate(zip(self.tokens, self.parents, strict=True)):
+            if 0 <= token < vocab_size and parent in index:
+                index[i] = out.add(token, index[parent])
+                if self.scores:
+                    out.scores.append(self.scores[i])
+        out.q_rows = {index[p]: row for p, row in self.q_rows.items() if p in index}
+        if self.shallow is not None:
+            out.shallow = self.shallow[[0] + [1 + i for i in sorted(index) if i >= 0]]
+        return out
+
     def tensor(self) -> torch.Tensor:
         """(n,) int64 the node tokens."""
         return torch.tensor(self.tokens, dtype=torch.long)
