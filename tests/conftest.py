@@ -20,9 +20,11 @@ def _lookups_priced_at_zero(monkeypatch):
     """Tests pin what the cost model measures (curves through `cost_curve._MEMO`): a suffix drafter's
     lookups, timed on this host, would outweigh a tiny target's step and turn speculation off. A
     test of that pricing sets `SuffixDrafter.lookup_seconds` itself."""
+    from quickdraft.costs import cost_curve
     from quickdraft.drafters.suffix import SuffixDrafter
 
     monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: None)
+    monkeypatch.setattr(cost_curve, "PERSIST_DRAFTING", False)  # nor are these prices kept in the cache
 
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]

@@ -108,3 +108,24 @@ def test_the_suffix_drafters_lookup_is_measured_without_touching_its_request(mon
     assert 0 < drafter.lookup_seconds() < 1
     assert drafter.last_context == [1, 2, 3]  # the request's state, as it was
     assert SuffixDrafter(None).lookup_seconds() > 0  # no datastore: a synthetic context
+
+
+def test_drafting_costs_are_kept_per_host_for_the_shipped_target(tmp_path, monkeypatch):
+    """A draft step's and a drafter's lookups' prices are measured once per host for the embedded
+    default (like its curve), so every process sizes trees and guards rounds alike; another target's
+    are measured each time they are asked for (once per engine)."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost_curve, "PERSIST_DRAFTING", True)
+    monkeypatch.setattr(cost_curve, "_MEMO", {})
+    calls: list[str] = []
+
+    def measure(value):
+        return lambda: calls.append(value) or (value, 0.01)
+
+    first = cost_curve.drafting_costs("m", "bfloat16", True, "none", "head|head", measure(0.25))
+    monkeypatch.setattr(cost_curve, "_MEMO", {})  # a new process: read from the cache folder
+    again = cost_curve.drafting_costs("m", "bfloat16", True, "none", "head|head", measure(0.5))
+    assert first == again == (0.25, 0.01) and calls == [0.25]
+    assert cost_curve.drafting_costs("m", "bfloat16", True, "none", "distilled|distilled", measure(0.3)) == (0.3, 0.01)
+    assert cost_curve.drafting_costs("m", "bfloat16", False, "none", "head|head", measure(0.7)) == (0.7, 0.01)
+    assert calls == [0.25, 0.3, 0.7] and len(list((tmp_path / "costs").iterdir())) == 2

@@ -74,7 +74,8 @@ def test_the_guard_keeps_plain_decodings_output_and_says_how_many_rounds_were_pl
 def test_every_sd_engine_is_guarded_unless_no_guard():
     """Explicit chains and trees get the guard as auto trees do, priced by this host's curve (a chain
     pays one draft forward per token); `guard=False` (`--no-guard`) drafts every round."""
-    from quickdraft.decoding.registry import METHODS, round_cost
+    from quickdraft.decoding.parts import round_cost
+    from quickdraft.decoding.registry import METHODS
     from quickdraft.engine import Engine
     from quickdraft.options import options_from
 

@@ -140,6 +140,25 @@ def test_the_fused_kernel_is_the_packed_linear_where_it_measures_faster(monkeypa
     assert linear.packing() in (None, *linear.KINDS)
 
 
+def test_the_packed_linear_choice_is_kept_per_host(tmp_path, monkeypatch):
+    """Measured once per host and read back by every later process (the kernels' sums differ in their
+    last bits, so two processes taking different kernels could print different text); a kept choice
+    that is no longer available, or an unreadable file, is measured again."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    calls: list[int] = []
+
+    def measure(choice):
+        return lambda: calls.append(1) or choice
+
+    assert linear._kept((64, 32), ["fused"], measure("fused")) == "fused"
+    assert linear._kept((64, 32), ["fused"], measure(None)) == "fused" and len(calls) == 1  # read back
+    assert linear._kept((64, 32), ["onednn"], measure("onednn")) == "onednn" and len(calls) == 2  # unavailable
+    (kept,) = (tmp_path / "costs").glob("packing-*64x32.json")
+    kept.write_text("not json")
+    assert linear._kept((64, 32), ["fused"], measure(None)) is None and len(calls) == 3
+    assert linear._kept((64, 32), ["fused"], measure("fused")) is None and len(calls) == 3  # None is a choice too
+
+
 def int8_rows(x: torch.Tensor) -> torch.Tensor:
     """(n, k) rows on the int8 kernels' activation grid, emulated: absmax / 127 per row and block of 32."""
     n, k = x.shape

@@ -52,7 +52,8 @@ def test_the_surfaces_read_the_records():
 
 def test_pearl_refuses_the_kinds_whose_record_reads_the_target():
     from quickdraft.config import SamplingConfig
-    from quickdraft.decoding.registry import METHODS, DecodeParts
+    from quickdraft.decoding.parts import DecodeParts
+    from quickdraft.decoding.registry import METHODS
     from quickdraft.runtime.cached_model import CachedModel
 
     target = tiny_text_model(dtype=torch.float64)

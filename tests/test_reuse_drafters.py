@@ -327,7 +327,7 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
     at width 2; one as dear as the target: no speculation); the output stays plain decoding's."""
     from quickdraft import Engine
     from quickdraft.costs import cost_curve
-    from quickdraft.decoding import registry
+    from quickdraft.decoding import parts as parts_module
     from quickdraft.drafters import tree as tree_module
     from quickdraft.options import options_from
     from quickdraft.training.train_draft_cli import export
@@ -341,13 +341,13 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
         {"target": target.name, "tree_gain": gain, "tree_gain_width": {"4": 2, "8": 2}},
     )
     flat = {1: 1.0, 2: 1.0, 5: 1.05, 9: 1.1, 17: 1.5}
-    monkeypatch.setattr(registry, "step_seconds", lambda model: 1.0)  # draft steps in target steps
+    monkeypatch.setattr(parts_module, "step_seconds", lambda model: 1.0)  # draft steps in target steps
     shapes = []
     real_shape = tree_module.TreeShape
     monkeypatch.setattr(tree_module, "TreeShape", lambda *a: shapes.append(real_shape(*a)) or shapes[-1])
     for folder, ratio, want, width in ((wide, 0.01, 8, 8), (narrow, 0.2, 4, 2), (wide, 1.5, 0, None)):
         monkeypatch.setattr(cost_curve, "_MEMO", {cost_curve.host_key(target.name, "bfloat16"): flat})
-        monkeypatch.setattr(registry, "drafter_step_seconds", lambda drafter, r=ratio: r)
+        monkeypatch.setattr(parts_module, "drafter_step_seconds", lambda drafter, r=ratio: r)
         engine = Engine(target, options_from({"method": "sd", "drafter": f"head:{folder}"}))
         assert engine.drafter.tree_gain == {1: 1.5, 4: 2.0, 8: 2.2}
         out = engine.generate_ids(PROMPT, GREEDY, StopConfig(24))

@@ -18,7 +18,8 @@ from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.registry import METHODS, DecodeParts, draft_cost, pearl_gamma, round_cost
+from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
+from quickdraft.decoding.registry import METHODS, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError

@@ -10,6 +10,7 @@ expected tokens per forward (a drafter's measured gain table) over the forward's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import statistics
@@ -20,7 +21,8 @@ import torch
 from quickdraft.costs.host import cpu_model
 
 WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
-_MEMO: dict[str, dict[int, float]] = {}
+_MEMO: dict[str, object] = {}
+PERSIST_DRAFTING = True  # tests turn it off: they pin what the cost model measures (tests/conftest.py)
 
 
 def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
@@ -88,6 +90,29 @@ def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str =
         lambda: measure_cost_curve(model),
         lambda curve: {str(k): round(v, 4) for k, v in curve.items()},
         lambda raw: {int(k): float(v) for k, v in raw.items()},
+    )
+
+
+def drafting_costs(
+    model_name: str, dtype: str, persist: bool, weights: str, drafter_key: str, measure
+) -> tuple[float | None, float]:
+    """(a model drafter's step in target steps, None for a model-free drafter; its lookups a drafted
+    round, in target steps) on this host: `measure()`d, and for the embedded default kept in the
+    cache folder beside its curve. The auto tree budget, PEARL's window and the draft guard read
+    them, so with them kept every process decides alike: a seeded sampled generation repeats on this
+    host (measured anew in each process, their noise changed which rounds drafted, and so the text)."""
+    if not (persist and PERSIST_DRAFTING):
+        return measure()
+    digest = hashlib.sha1(drafter_key.encode()).hexdigest()[:10]
+    key = (
+        f"{host_key(model_name, dtype, weights)}-drafting-{re.sub(r'[^A-Za-z0-9_.-]+', '_', drafter_key)[:40]}-{digest}"
+    )
+    return _persisted(
+        key,
+        True,
+        measure,
+        lambda costs: {"draft_step": costs[0], "lookup": costs[1]},
+        lambda raw: (raw["draft_step"], float(raw["lookup"])),
     )
 
 

@@ -10,55 +10,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from quickdraft.config import DraftConfig, SamplingConfig
+from quickdraft.config import SamplingConfig
 from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.pearl import DEFAULT_GAMMA, PearlConfig, PearlDecoder, gamma_from_costs
+from quickdraft.decoding.parts import DecodeParts, auto_width, draft_cost, drafting, host_costs, round_cost
+from quickdraft.decoding.pearl import DEFAULT_GAMMA, PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
-from quickdraft.drafters.base import Drafter, drafter_step_seconds, reads_target
+from quickdraft.drafters.base import drafter_step_seconds, reads_target
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.target import Target
 from quickdraft.verifiers import make_verifier
-
-
-class DecodeOptions(Protocol):
-    """What decoders read of the engine's options (`options.EngineConfig` is one). A protocol, so
-    this module never imports the options module, which imports it for the method table."""
-
-    drafter: str
-    drafter_stages: tuple  # the parsed `drafter` (drafters.kinds.DrafterSpec stages)
-    draft: DraftConfig
-    verifier: str | None
-    pearl: PearlConfig
-    dtype: str
-    runtime: str
-    quantize: str
-
-
-@dataclass
-class DecodeParts:
-    """What decoders are built from: the target's cache owner, the drafter, the options, a per-engine
-    memo of what is measured once (PEARL's gamma, the tree budget) and what a decoder started once
-    and `close` stops (PEARL's worker processes)."""
-
-    target: Target
-    drafter: Drafter | None
-    config: DecodeOptions
-    target_name: str | None = None
-    memo: dict = field(default_factory=dict)
-    started: dict = field(default_factory=dict)  # name -> an object with close()
-
-    def close(self) -> None:
-        """Stop whatever a decoder started (worker processes)."""
-        for value in list(self.started.values()):
-            value.close()
-        self.started.clear()
-        self.memo.clear()
 
 
 def pearl_gamma(parts: DecodeParts, parallel: bool | None = None) -> int:
@@ -70,7 +34,8 @@ def pearl_gamma(parts: DecodeParts, parallel: bool | None = None) -> int:
     if parts.config.pearl.gamma is not None:
         return parts.config.pearl.gamma
     if "pearl_gamma" not in parts.memo:
-        parts.memo["pearl_gamma"] = gamma_from_costs(step_seconds(parts.target), drafter_step_seconds(parts.drafter))
+        ratio = drafting(parts)[0]  # a draft step in target steps (None: a model-free drafter)
+        parts.memo["pearl_gamma"] = gamma_from_costs(1.0, ratio)
     parallel = parts.config.pearl.parallel if parallel is None else parallel
     return parts.memo["pearl_gamma"] if parallel else min(DEFAULT_GAMMA, parts.memo["pearl_gamma"])
 
@@ -104,57 +69,6 @@ def parallel_pays(parts: DecodeParts) -> tuple[bool, str]:
 
 def _ar(parts: DecodeParts, sampling: SamplingConfig):
     return Autoregressive(parts.target)
-
-
-def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None, float]:
-    """(this host's verify-cost curve for the target, a model drafter's step in target steps or None
-    for a model-free drafter, the drafter's lookups a round in target steps), measured once per
-    engine (the curve once per host for the shipped default). Only targets that verify trees (the
-    native runtime) have a curve."""
-    if "host_costs" not in parts.memo:
-        from quickdraft.costs.cost_curve import cost_curve
-        from quickdraft.weights.delta import SHIPPED_FOR
-
-        name = parts.target_name or ""
-        curve = cost_curve(
-            parts.target, name, parts.config.dtype, persist=name in SHIPPED_FOR, weights=parts.config.quantize
-        )
-        draft_step = drafter_step_seconds(parts.drafter)
-        lookup = None if parts.drafter is None else parts.drafter.lookup_seconds()
-        step = step_seconds(parts.target) if draft_step is not None or lookup is not None else 1.0
-        ratio = None if draft_step is None else draft_step / step
-        parts.memo["host_costs"] = (curve, ratio, 0.0 if lookup is None else lookup / step)
-    return parts.memo["host_costs"]
-
-
-def draft_cost(parts: DecodeParts, chain: bool) -> Callable[[int], float]:
-    """nodes drafted -> what drafting them costs, in one-row target steps: a model drafter's
-    forwards at their measured step (one per chain token; one per expanded level of a tree), plus
-    the drafter's measured lookups (a suffix drafter's index search and tree building) once a
-    drafted round."""
-    from quickdraft.costs.cost_curve import tree_draft_forwards
-
-    _, ratio, lookup = host_costs(parts)
-
-    def cost(nodes: int) -> float:
-        if not nodes:
-            return 0.0
-        forwards = (
-            0.0 if ratio is None else ratio * (nodes if chain else tree_draft_forwards(nodes, auto_width(parts, nodes)))
-        )
-        return forwards + lookup
-
-    return cost
-
-
-def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
-    """(rows verified, nodes drafted) -> a round's cost in one-row target steps on this host: the
-    verify forward from the curve plus drafting (`draft_cost`)."""
-    from quickdraft.costs.cost_curve import relative_cost
-
-    curve = host_costs(parts)[0]
-    drafting = draft_cost(parts, chain)
-    return lambda rows, nodes: relative_cost(curve, rows) + drafting(nodes)
 
 
 def auto_tree_budget(parts: DecodeParts, sampling: SamplingConfig) -> tuple[int, dict[str, int]]:
@@ -193,13 +107,6 @@ def with_guard(decoder, parts: DecodeParts, chain: bool, sampling: SamplingConfi
         else:
             decoder.guard = DraftGuard(round_cost(parts, chain))
     return decoder
-
-
-def auto_width(parts: DecodeParts, budget: int) -> int:
-    """The tree width that goes with an auto budget: the one the drafter's gain table measured it
-    at (a trained head's narrow trees at small budgets), else the configured width."""
-    widths = parts.drafter.tree_gain_width if parts.drafter is not None else None
-    return (widths or {}).get(budget, parts.config.draft.tree_width)
 
 
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
