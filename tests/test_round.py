@@ -125,3 +125,58 @@ def test_row_blocks_of_a_chain_and_a_tree():
     tree = TokenTree([4, 5], [-1, -1])
     got = block(lane, tree, DraftRequest.tree(TreeShape(2, width=2)))
     assert got.tokens == [3, 4, 5] and got.depths == [0, 1, 1] and torch.equal(got.mask, tree.mask())
+
+
+SEEDED = {
+    "ngram chain": {"drafter": "ngram", "draft_tree": 0},
+    "suffix trees": {"drafter": "suffix:none", "draft_tree": 4},
+    "ngram chain, heuristic lengths": {"drafter": "ngram", "draft_schedule": "heuristic"},
+    "pearl, ngram": {"method": "pearl", "drafter": "ngram"},
+}
+
+
+def _seeded_texts(options: dict, seeds=range(6), batched: bool = False) -> tuple[list[list[int]], int]:
+    from quickdraft import Engine
+    from quickdraft.options import options_from
+
+    loaded = tiny_llama(dtype=torch.float64, seed=4)
+    engine = Engine(loaded, options_from({**options, "guard": False}))
+    prompt = [5, 9, 13, 2, 5, 9, 13, 2, 5, 9]
+    runs = [(SamplingConfig(temperature=0.9, seed=s), StopConfig(24)) for s in seeds]
+    if batched:
+        outs = [engine.generate_batch([prompt], sampling, stop, max_batch=1)[0] for sampling, stop in runs]
+    else:
+        outs = [engine.generate_ids(prompt, sampling, stop) for sampling, stop in runs]
+    return [o.token_ids for o in outs], sum(o.stats.num_accepted_draft_tokens for o in outs)
+
+
+@pytest.mark.parametrize("config", list(SEEDED))
+def test_seeded_sampling_with_deterministic_drafts_gives_plain_decodings_text(config):
+    """A token's draw is made from the seed and its output position alone, so speculation whose drafts
+    carry no q rows (n-gram, suffix) gives, token for token, the text plain decoding samples with the
+    same seed: chains, trees, adaptive lengths and PEARL, and a batched row too."""
+    plain, _ = _seeded_texts({"method": "ar"})
+    texts, accepted = _seeded_texts(SEEDED[config])
+    assert texts == plain and accepted > 0  # drafts were accepted, and changed nothing
+    assert len({tuple(t) for t in plain}) > 1  # the seeds sampled different texts
+    if "pearl" not in config:
+        assert _seeded_texts(SEEDED[config], seeds=range(3), batched=True)[0] == plain[:3]
+
+
+def test_seeded_equality_fails_when_the_noise_is_not_keyed_by_position(monkeypatch):
+    """Negative control: noise that also depends on how often its position was asked for (a draw
+    made per evaluation, not per position: a rejected row's position is evaluated again next round)
+    makes the speculative text differ from plain decoding's for the same seed."""
+    from quickdraft.decoding.common import Generators
+
+    asked: dict[tuple[int, int], int] = {}
+
+    def per_evaluation(self, position, vocab, device="cpu"):
+        k = asked[(id(self), position)] = asked.get((id(self), position), 0) + 1
+        stream = torch.Generator(device=device).manual_seed(self.seed * 7919 + position * 104729 + k)
+        return -torch.log(-torch.log(torch.rand(vocab, generator=stream, device=device)))
+
+    monkeypatch.setattr(Generators, "noise", per_evaluation)
+    plain, _ = _seeded_texts({"method": "ar"})
+    texts, accepted = _seeded_texts(SEEDED["ngram chain"])
+    assert accepted > 0 and texts != plain

@@ -10,7 +10,7 @@ from test_distribution import _pair_pvalues
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
-from quickdraft.decoding import vanilla as tree_decoding  # the one round loop verifies trees there
+from quickdraft.decoding import round as tree_decoding  # the one round loop verifies trees there
 from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape, _draw_children, lookup_tree

@@ -67,6 +67,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max: argmax(log p + g) per row, a draw from p when g is standard Gumbel noise
+    (-log(-log u), u uniform). probs: (..., V), noise: (..., V) -> (...) int64. Zero-probability ids
+    (top-k, top-p) get -inf and are never drawn."""
+    return (probs.log() + noise).argmax(-1)
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """Argmax per row. logits: (..., V) -> (...) int64."""
     return logits.argmax(-1)

@@ -26,12 +26,13 @@ class Autoregressive:
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         """Yield one Round per token until the consumer stops (EOS, stop string or budget)."""
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        first = prefill_step(self.target, prompt_ids, sampling, generators)
         first.events = dict(self.events)
         yield first
-        token = first.tokens[0]
+        token, position = first.tokens[0], len(prompt_ids)
         while True:
             start = time.perf_counter()
             logits = self.target.extend([token], last_only=True)[-1]
-            token = pick_token(logits, sampling, generators.target)
+            position += 1
+            token = pick_token(logits, sampling, generators, position)
             yield Round(tokens=[token], verify_s=time.perf_counter() - start)

@@ -182,7 +182,7 @@ class BatchDecoder:
 
     def _join(self, job: _Waiting, logits) -> BatchUpdate:
         gens = Generators.from_seed(job.sampling.seed, self.target.net.device)
-        token = pick_token(logits, job.sampling, gens.target)
+        token = pick_token(logits, job.sampling, gens, len(job.prompt))
         self.target.adopt()
         drafter = self.drafter.fork() if self.drafter is not None else None
         if drafter is not None:

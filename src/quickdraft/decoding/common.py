@@ -15,25 +15,34 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import FEATURES, Drafter, bind_target
 from quickdraft.runtime.target import Target
-from quickdraft.sampling import greedy, logits_to_probs, sample
+from quickdraft.sampling import greedy, gumbel_argmax, logits_to_probs
 from quickdraft.types import Round, TargetOutput
 
 
 @dataclass
 class Generators:
-    """Independent random streams of one request: `target` draws plain samples, acceptance
-    uniforms, corrections and bonus tokens; `draft` draws draft tokens."""
+    """The random draws of one request.
+
+    `noise(position)` is the Gumbel noise that draws the target's token at an output position
+    (`sampling.gumbel_argmax`), made from the seed and the position alone. So a seeded request
+    draws the same token at a position whichever round, draft or batch reaches it: a drafter whose
+    drafts carry no q rows (suffix, n-gram, MaG) gives exactly the text of plain decoding with the
+    same seed, and so does every round that drafted nothing (`decoding/round.py`). The streams:
+    `target` draws the rejection rule's uniforms, corrections and bonus tokens for drafts sampled
+    from a q (model drafters); `draft` draws draft tokens.
+    """
 
     target: torch.Generator
     draft: torch.Generator
     seed: int | None = None  # what they were made from (a worker process rebuilds them from it)
+    _noise: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_seed(cls, seed: int | None, device: str | torch.device = "cpu") -> Generators:
@@ -46,12 +55,29 @@ class Generators:
             seed=seed,
         )
 
+    def noise(self, position: int, vocab: int, device: str | torch.device = "cpu") -> torch.Tensor:
+        """(vocab,) float32 standard Gumbel noise of output `position` (0 = the first prompt token's),
+        from the seed and the position alone; kept while the request runs near it."""
+        g = self._noise.get(position)
+        if g is None or g.shape[0] != vocab:
+            stream = torch.Generator(device=device).manual_seed((self.seed * 0x9E3779B1 + 7919 * position) % 2**63)
+            u = torch.rand(vocab, generator=stream, device=device)
+            g = self._noise[position] = -torch.log(-torch.log(u))
+            for old in [k for k in self._noise if k < position - 64]:
+                del self._noise[old]
+        return g
 
-def pick_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
-    """One token from one logits row (V,): argmax when greedy, else a sample of the processed p."""
+    def noise_rows(self, positions: Sequence[int], vocab: int, device: str | torch.device = "cpu") -> torch.Tensor:
+        """(n, vocab) the noise of each of n rows' output positions."""
+        return torch.stack([self.noise(p, vocab, device) for p in positions])
+
+
+def pick_token(logits: torch.Tensor, sampling: SamplingConfig, gens: Generators, position: int) -> int:
+    """The token at output `position` from its logits row (V,): argmax when greedy, else a draw of
+    the processed p with that position's noise (`Generators.noise`)."""
     if sampling.greedy:
         return int(greedy(logits))
-    return int(sample(logits_to_probs(logits, sampling), generator))
+    return int(gumbel_argmax(logits_to_probs(logits, sampling), gens.noise(position, logits.shape[-1], logits.device)))
 
 
 @dataclass
@@ -93,7 +119,7 @@ def prefill_step(
     target: Target,
     prompt_ids: Sequence[int],
     sampling: SamplingConfig,
-    generator: torch.Generator,
+    gens: Generators,
     handoff: StateHandoff | None = None,
 ) -> Round:
     """Run the prompt through the target and pick the first new token; a target-reading drafter
@@ -107,5 +133,5 @@ def prefill_step(
     target.reset()
     out = handoff.forward(target, prompt_ids, last_only=True)
     handoff.hand_over(out, len(prompt_ids))
-    token = pick_token(out.logits[-1], sampling, generator)
+    token = pick_token(out.logits[-1], sampling, gens, len(prompt_ids))
     return Round(tokens=[token], verify_s=time.perf_counter() - start)

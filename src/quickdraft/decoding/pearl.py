@@ -34,7 +34,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.target import Target
-from quickdraft.sampling import logits_to_probs
+from quickdraft.sampling import gumbel_argmax, logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
 
@@ -156,9 +156,10 @@ class PearlLogic:
         drafted_q: torch.Tensor | None,
         p_rows: torch.Tensor,
         verifier: Verifier,
-        generator: torch.Generator | None,
+        gens: Generators,
     ) -> PearlVerdict:
-        """Run the verifier on this round's candidates.
+        """Run the verifier on this round's candidates; deterministic ones under a lossless verifier
+        follow the target's own draws at their positions (`Generators.noise`: plain decoding's text).
 
         Args:
             drafted: this round's new draft tokens (empty in a verify round).
@@ -169,9 +170,15 @@ class PearlLogic:
         m = len(cand)
         if p_rows.shape[0] != m + (1 if bonus else 0):
             raise QuickdraftError(f"PEARL {self.kind} round: {p_rows.shape[0]} rows of p for {m} candidates")
+        if q is None and not verifier.lossy and not verifier.reads_logits:  # accept while they agree
+            start = len(self.committed)
+            noise = gens.noise_rows(range(start, start + p_rows.shape[0]), p_rows.shape[-1], p_rows.device)
+            draws = gumbel_argmax(p_rows, noise).tolist()
+            n = next((i for i in range(m) if cand[i] != draws[i]), m)
+            return PearlVerdict(n, draws[n] if (n < m or bonus) else -1)
         rows = p_rows if bonus else torch.cat([p_rows, p_rows[-1:]])  # a dummy bonus row, never used
         tokens = torch.tensor([cand], dtype=torch.long)
-        verdict = verifier(tokens, None if q is None else q.unsqueeze(0), rows.unsqueeze(0), generator)
+        verdict = verifier(tokens, None if q is None else q.unsqueeze(0), rows.unsqueeze(0), gens.target)
         n = int(verdict.num_accepted[0])
         return PearlVerdict(n, int(verdict.next_tokens[0]) if (n < m or bonus) else -1)
 
@@ -251,7 +258,7 @@ class PearlDecoder:
     ) -> Iterator[Round]:
         self.drafter.begin(prompt_ids)
         self.last_verdict = None
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target)
+        first = prefill_step(self.target, prompt_ids, sampling, generators)
         first.events = dict(self.events)
         yield first
         logic = PearlLogic(
@@ -278,7 +285,7 @@ class PearlDecoder:
                 logic.apply(None, drafted, drafted_q)
                 continue
             start = time.perf_counter()
-            verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators.target)
+            verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators)
             rnd = logic.apply(verdict, drafted, drafted_q)
             self.target.rollback(logic.target_cache_length)
             if plain:

@@ -10,7 +10,9 @@ every row of the batch cache (`runtime/batched.BatchedTarget`). One round of `Ro
 2. forward: one target forward over every lane's [last committed token, draft nodes] (a chain
    causally, reusing Kangaroo's shallow states alone; a tree with depth positions and its mask);
 3. verify: lossless, one greedy rule and one sampling rule over trees (a chain is a one-wide tree:
-   `verifiers/tree.py`); a chain under a named lossy rule (lenient, SpecDec's) is judged by it;
+   `verifiers/tree.py`); drafts without q rows (suffix, n-gram) are sampled by following the
+   target's own draws, made with each output position's noise (so a seeded request gives plain
+   decoding's text); a chain under a named lossy rule (lenient, SpecDec's) is judged by it;
 4. commit: the target keeps the root and the accepted path of each lane (a prefix: a rollback), the
    drafter gets the committed rows' states it reads, the budget and the guard learn the outcome.
 """
@@ -30,7 +32,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.runtime.batched import RowBlock
 from quickdraft.runtime.target import Target
-from quickdraft.sampling import logits_to_probs
+from quickdraft.sampling import gumbel_argmax, logits_to_probs
 from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier
 from quickdraft.verifiers.tree import TokenTree, follow_greedy, verify_tree_sampling
@@ -192,7 +194,14 @@ class RoundLoop:
             return chain_verdict(self.verifier, draft, out.logits, lane.sampling, lane.gens.target)
         if best is not None:
             return follow_greedy(draft, best)
-        return verify_tree_sampling(draft, logits_to_probs(out.logits, lane.sampling), lane.gens.target)
+        probs = logits_to_probs(out.logits, lane.sampling)  # (n + 1, V)
+        if draft.q_rows:  # drafts sampled from a q: the rejection rule (maximal coupling)
+            return verify_tree_sampling(draft, probs, lane.gens.target)
+        # deterministic drafts (or none): each row's token is drawn with its output position's noise,
+        # as plain decoding draws it; the accepted path follows the draws (`decoding/common.Generators`)
+        positions = [len(lane.context) + d for d in (0, *draft.depths)]
+        noise = lane.gens.noise_rows(positions, probs.shape[-1], probs.device)
+        return follow_greedy(draft, gumbel_argmax(probs, noise).tolist())
 
     def _round(self, draft, request, path, new, draft_s: float, verify_s: float, rows: int) -> Round:
         events = {"batch_rows": rows} if self.label_rows else {}

@@ -75,7 +75,7 @@ class SpeculativeDecoder:
         budget = TreeBudget(self.shape) if self.shape is not None else ChainBudget(self.make_policy())
         loop = RoundLoop(SoloTarget(self.target, self.handoff), budget, self.verifier, self.guard)
         self.drafter.begin(prompt_ids)
-        first = prefill_step(self.target, prompt_ids, sampling, generators.target, self.handoff)
+        first = prefill_step(self.target, prompt_ids, sampling, generators, self.handoff)
         first.events = dict(self.events)
         yield first
         lane = Lane(list(prompt_ids) + first.tokens, sampling, generators, self.drafter, self.handoff.layers)
