@@ -117,8 +117,8 @@ def round_cost(parts: DecodeParts, chain: bool) -> Callable[[int, int], float]:
     from quickdraft.costs.cost_curve import relative_cost
 
     curve = host_costs(parts)[0]
-    drafting = draft_cost(parts, chain)
-    return lambda rows, nodes: relative_cost(curve, rows) + drafting(nodes)
+    drafts = draft_cost(parts, chain)
+    return lambda rows, nodes: relative_cost(curve, rows) + drafts(nodes)
 
 
 def auto_width(parts: DecodeParts, budget: int) -> int:

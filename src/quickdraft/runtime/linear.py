@@ -7,7 +7,7 @@ AMD EPYC with AVX-512-BF16 (2 threads; scripts/step_profile.py, docs/benchmarks.
 floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 ms with ours against
 5.8 with oneDNN's at one row (28 against 18 GB/s) and 6.5 against 7.6 ms at 17 rows; the LM head
 1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
-one row. Hosts differ, so the choice is measured on this host, not assumed, once, and kept in the cache folder:
+one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
 `packing()` times the candidates on a model-sized weight at 1 and 9 rows;
 `QUICKDRAFT_PACKED_LINEAR=0|1|fused|onednn` forces it (1: the best packed kernel available).
 
