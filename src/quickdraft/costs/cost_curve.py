@@ -11,14 +11,12 @@ expected tokens per forward (a drafter's measured gain table) over the forward's
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import statistics
 import time
 
 import torch
 
-from quickdraft.costs.host import cpu_model
+from quickdraft.costs.host import cpu_model, kept, safe_name
 
 WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
 _MEMO: dict[str, object] = {}
@@ -39,7 +37,7 @@ def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
     raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{runtime}"
     raw += f"-{dtype}-{model_name}"
     raw += "" if weights == "none" else f"-{weights}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+    return safe_name(raw)
 
 
 def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 5) -> dict[int, float]:
@@ -64,20 +62,13 @@ def measure_cost_curve(model, widths=WIDTHS, context: int = 200, repeats: int = 
 
 def _persisted(key: str, persist: bool, measure, encode, decode):
     """A measurement memoised per process under `key`, and in the cache folder when `persist`."""
-    if key in _MEMO:
-        return _MEMO[key]
-    path = None
-    if persist:
-        from quickdraft.weights.default import cache_dir
+    if key not in _MEMO:
+        if persist:
+            from quickdraft.weights.default import cache_dir
 
-        path = cache_dir() / "costs" / f"{key}.json"
-        if path.is_file():
-            _MEMO[key] = decode(json.loads(path.read_text()))
-            return _MEMO[key]
-    _MEMO[key] = measure()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(encode(_MEMO[key])) + "\n")
+            _MEMO[key] = kept(cache_dir() / "costs" / f"{key}.json", measure, encode, decode)
+        else:
+            _MEMO[key] = measure()
     return _MEMO[key]
 
 
@@ -104,9 +95,7 @@ def drafting_costs(
     if not (persist and PERSIST_DRAFTING):
         return measure()
     digest = hashlib.sha1(drafter_key.encode()).hexdigest()[:10]
-    key = (
-        f"{host_key(model_name, dtype, weights)}-drafting-{re.sub(r'[^A-Za-z0-9_.-]+', '_', drafter_key)[:40]}-{digest}"
-    )
+    key = f"{host_key(model_name, dtype, weights)}-drafting-{safe_name(drafter_key)[:40]}-{digest}"
     return _persisted(
         key,
         True,

@@ -7,8 +7,11 @@ choices (`linear.packing`, the fused kernels' build key) and the cost measuremen
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -44,3 +47,21 @@ def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5)
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def safe_name(raw: str) -> str:
+    """`raw` as a file name: runs of anything but letters, digits, `_`, `.` and `-` become `_`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+
+
+def kept(path: Path, measure: Callable[[], object], encode=lambda value: value, decode=lambda raw: raw):
+    """A measurement kept in a json file: read back (`decode(raw)`, which raises ValueError, KeyError
+    or TypeError on a value it rejects), else `measure()`d and written (not kept where the folder
+    cannot be written: measured again next time)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return decode(json.loads(path.read_text()))
+    value = measure()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(encode(value)) + "\n")
+    return value

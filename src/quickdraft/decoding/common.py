@@ -67,9 +67,11 @@ class Generators:
                 del self._noise[old]
         return g
 
-    def noise_rows(self, positions: Sequence[int], vocab: int, device: str | torch.device = "cpu") -> torch.Tensor:
-        """(n, vocab) the noise of each of n rows' output positions."""
-        return torch.stack([self.noise(p, vocab, device) for p in positions])
+    def draws(self, probs: torch.Tensor, positions: Sequence[int]) -> list[int]:
+        """The target's token drawn at each row's output position: Gumbel-max of the processed p rows
+        (n, V) with each position's noise (`sampling.gumbel_argmax`)."""
+        noise = torch.stack([self.noise(p, probs.shape[-1], probs.device) for p in positions])
+        return gumbel_argmax(probs, noise).tolist()
 
 
 def pick_token(logits: torch.Tensor, sampling: SamplingConfig, gens: Generators, position: int) -> int:
@@ -77,7 +79,7 @@ def pick_token(logits: torch.Tensor, sampling: SamplingConfig, gens: Generators,
     the processed p with that position's noise (`Generators.noise`)."""
     if sampling.greedy:
         return int(greedy(logits))
-    return int(gumbel_argmax(logits_to_probs(logits, sampling), gens.noise(position, logits.shape[-1], logits.device)))
+    return gens.draws(logits_to_probs(logits, sampling)[None], [position])[0]
 
 
 @dataclass

@@ -34,7 +34,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.target import Target
-from quickdraft.sampling import gumbel_argmax, logits_to_probs
+from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
 
@@ -172,8 +172,7 @@ class PearlLogic:
             raise QuickdraftError(f"PEARL {self.kind} round: {p_rows.shape[0]} rows of p for {m} candidates")
         if q is None and not verifier.lossy and not verifier.reads_logits:  # accept while they agree
             start = len(self.committed)
-            noise = gens.noise_rows(range(start, start + p_rows.shape[0]), p_rows.shape[-1], p_rows.device)
-            draws = gumbel_argmax(p_rows, noise).tolist()
+            draws = gens.draws(p_rows, range(start, start + p_rows.shape[0]))
             n = next((i for i in range(m) if cand[i] != draws[i]), m)
             return PearlVerdict(n, draws[n] if (n < m or bonus) else -1)
         rows = p_rows if bonus else torch.cat([p_rows, p_rows[-1:]])  # a dummy bonus row, never used

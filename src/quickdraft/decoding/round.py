@@ -32,7 +32,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.runtime.batched import RowBlock
 from quickdraft.runtime.target import Target
-from quickdraft.sampling import gumbel_argmax, logits_to_probs
+from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier
 from quickdraft.verifiers.tree import TokenTree, follow_greedy, verify_tree_sampling
@@ -199,9 +199,7 @@ class RoundLoop:
             return verify_tree_sampling(draft, probs, lane.gens.target)
         # deterministic drafts (or none): each row's token is drawn with its output position's noise,
         # as plain decoding draws it; the accepted path follows the draws (`decoding/common.Generators`)
-        positions = [len(lane.context) + d for d in (0, *draft.depths)]
-        noise = lane.gens.noise_rows(positions, probs.shape[-1], probs.device)
-        return follow_greedy(draft, gumbel_argmax(probs, noise).tolist())
+        return follow_greedy(draft, lane.gens.draws(probs, [len(lane.context) + d for d in (0, *draft.depths)]))
 
     def _round(self, draft, request, path, new, draft_s: float, verify_s: float, rows: int) -> Round:
         events = {"batch_rows": rows} if self.label_rows else {}

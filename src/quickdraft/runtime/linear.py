@@ -17,14 +17,12 @@ or a dtype other than bf16, uses `F.linear` on the live weight.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 
 import torch
 import torch.nn.functional as F
 
-from quickdraft.costs.host import cpu_model, median_seconds
+from quickdraft.costs.host import cpu_model, kept, median_seconds, safe_name
 from quickdraft.runtime import kernels
 from quickdraft.weights.quant import concat_rows  # the quantized kinds know their own layout
 
@@ -103,27 +101,22 @@ def _measure(shape: tuple[int, int], candidates: list[str]) -> str | None:
 
 def _kept(shape: tuple[int, int], candidates: list[str], measure) -> str | None:
     """The choice kept for this host (CPU, threads, torch, the fused kernels' build) in the cache
-    folder, `measure()`d and written the first time. Delete `costs/packing-*.json` there to measure
-    again, or force a kernel with QUICKDRAFT_PACKED_LINEAR."""
+    folder (`costs.host.kept`), `measure()`d and written the first time or when the kept one is no
+    longer available. Delete `costs/packing-*.json` there to measure again, or force a kernel with
+    QUICKDRAFT_PACKED_LINEAR."""
     from quickdraft.weights.default import cache_dir
 
     fused = kernels.build_dir().name[:8] if kernels.fused_ops() is not None else "none"
     raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"
     raw += f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}"
-    path = cache_dir() / "costs" / f"packing-{re.sub(r'[^A-Za-z0-9_.-]+', '_', raw)}.json"
-    try:
-        choice = json.loads(path.read_text())["choice"]
-        if choice is None or choice in candidates:
-            return choice
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    choice = measure()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"choice": choice}) + "\n")
-    except OSError:
-        pass  # a read-only cache: measured again next time
-    return choice
+
+    def decode(stored: dict) -> str | None:
+        choice = stored["choice"]
+        if choice is not None and choice not in candidates:
+            raise ValueError(f"packed linear {choice!r} is not available here")
+        return choice
+
+    return kept(cache_dir() / "costs" / f"packing-{safe_name(raw)}.json", measure, lambda c: {"choice": c}, decode)
 
 
 def packed_pays(shape: tuple[int, int] = (1536, 576)) -> bool:
