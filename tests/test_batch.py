@@ -271,7 +271,7 @@ def test_static_forward_equals_the_dynamic_one(model):
     blocks = [RowBlock([20, 21, 22]), RowBlock([23]), RowBlock([24, *tree.tokens], [0, *tree.depths], tree.mask())]
     for x, y in zip(dynamic.forward(blocks), static.forward(blocks), strict=True):
         assert torch.allclose(x, y, atol=1e-12)
-    assert sorted(static.static.inputs) == [4]  # width 4 is a bucket
+    assert sorted(static.static.inputs) == [(4, 256)]  # width 4 is a bucket; the span: the first bucket
     prompts, plan = _prompts(5, seed=3), BatchPlan(None, fixed=5)
     target = BatchedTarget(NativeCachedModel(model), 2)
     target.static = StaticBatchForward(target, 96, graphs=False)
@@ -280,6 +280,30 @@ def test_static_forward_equals_the_dynamic_one(model):
     assert target.static.replays > 0
     with pytest.raises(ValueError, match="CUDA device"):
         StaticBatchForward(target, 96, graphs=True)
+
+
+def test_static_forward_reads_a_span_bucket_and_a_lone_row_runs_its_head_inside(model):
+    """Attention reads the smallest span bucket that holds the longest row (not the whole capacity):
+    a row past 256 positions moves to the 512 bucket, with logits equal to the dynamic forward's; a
+    batch of one runs its LM head inside the static forward (the graph), and both the chain's
+    accepted prefix and a tree's path commit to what the dynamic target keeps."""
+    dynamic, static = BatchedTarget(NativeCachedModel(model), 1), BatchedTarget(NativeCachedModel(model), 1)
+    static.static = StaticBatchForward(static, 1024, graphs=False)
+    assert static.static.capacity == 1024 and static.static.head_inside
+    prompt = [(7 * i) % 45 + 3 for i in range(250)]
+    for t in (dynamic, static):
+        t.prefill(prompt, first=True)
+        t.adopt()
+    tree = TokenTree([25, 26, 27], [-1, -1, 1])
+    steps = [RowBlock([4, 5, 6, 7]), RowBlock([8, *tree.tokens], [0, *tree.depths], tree.mask()), RowBlock([9, 10])]
+    keeps = [[0, 1, 2, 3], [0, 2, 3], [0]]  # a chain's prefix, a tree's path, one token
+    for blk, keep in zip(steps, keeps, strict=True):
+        (x,), (y,) = dynamic.forward([blk]), static.forward([blk])
+        assert torch.allclose(x, y, atol=1e-12)
+        for t in (dynamic, static):
+            t.commit(0, keep)
+    assert sorted(static.static.inputs) == [(2, 512), (4, 256), (4, 512)]  # (width, span) buckets
+    assert static.lengths() == dynamic.lengths() == [250 + 4 + 3 + 1]
 
 
 def test_graphs_switch_runs_lone_requests_on_the_static_forward():

@@ -70,6 +70,24 @@ def test_graphed_batch_forward_equals_eager():
     assert graphed.static.captured and graphed.static.replays == 3
 
 
+def test_graphed_lone_row_with_its_head_inside_equals_eager():
+    """A batch of one (a lone request) graphed with its LM head inside, across span buckets (a row
+    passing 256 positions is captured again at 512): the logits equal the eager forward's."""
+    model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float32).model.to("cuda")
+    eager, graphed = BatchedTarget(NativeCachedModel(model), 1), BatchedTarget(NativeCachedModel(model), 1)
+    graphed.static = StaticBatchForward(graphed, 1024, graphs=True)
+    for t in (eager, graphed):
+        t.prefill([(7 * i) % 45 + 3 for i in range(250)], first=True)
+        t.adopt()
+    for _ in range(3):  # 250 -> 254 -> 258 -> 262 positions: the 256 bucket, then 512 twice
+        blocks = [RowBlock([1, 2, 3, 4])]
+        (x,), (y,) = eager.forward(blocks), graphed.forward(blocks)
+        assert torch.allclose(x, y, atol=1e-4)
+        for t in (eager, graphed):
+            t.commit(0, range(4))
+    assert sorted(graphed.static.captured) == [(4, 256), (4, 512)] and graphed.static.replays == 3
+
+
 def test_batched_engine_on_cuda_equals_lone_requests():
     target = tiny_text_model(dtype=torch.float32)
     engine = Engine(target, EngineConfig(drafter="suffix:none", device="cuda"))

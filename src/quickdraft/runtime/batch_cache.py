@@ -131,7 +131,10 @@ class BatchKVCache:
         """Keep positions lengths[row] + keep (m,) (offsets into the last forward's new positions,
         increasing) as that row's next m positions: a chain's accepted prefix or a tree's path."""
         start = self.lengths[row]
-        src = start + keep.to(self.k.device)
+        if bool((keep == torch.arange(keep.numel())).all()):  # a prefix: already in place
+            self.lengths[row] = start + keep.numel()
+            return
+        src = start + keep.to(self.k.device, non_blocking=True)
         for t in (self.k, self.v):
             r = t[:, row]  # a view: (layers, kv_heads, capacity, d)
             r[:, :, start : start + keep.numel()] = r[:, :, src]

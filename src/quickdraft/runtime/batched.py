@@ -60,7 +60,7 @@ class BatchedTarget:
         self.keep_features = False  # prefill keeps its rows' final-normed states (feature-reading drafters)
         self._features = net.embed.new_zeros(0, net.embed.shape[1])
         self._feature_ids: list[int] = []  # the ids whose rows `_features` holds
-        self.static = None  # a models.graphs.StaticBatchForward, when the forward is static
+        self.static = None  # a runtime.graphs.StaticBatchForward, when the forward is static
 
     @property
     def rows(self) -> int:
@@ -119,7 +119,7 @@ class BatchedTarget:
     @torch.inference_mode()
     def forward(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
         """One forward over every running row's block (one block per row, in row order); returns
-        each row's (n_b, V) logits. With `static` set (models/graphs.py) its static or graphed
+        each row's (n_b, V) logits. With `static` set (runtime/graphs.py) its static or graphed
         forward runs it."""
         return self.forward_features(blocks)[0]
 
@@ -134,21 +134,23 @@ class BatchedTarget:
         observes)."""
         if len(blocks) != self.rows:
             raise ValueError(f"forward: {len(blocks)} blocks for {self.rows} rows")
-        x = self.static(blocks) if self.static is not None else self.states_dynamic(blocks)  # (sum n_b, H)
-        sizes = [len(b.tokens) for b in blocks]
-        return list(self.single.logits(x).split(sizes)), list(x.split(sizes))
+        x, logits = self.static(blocks) if self.static is not None else (self.states_dynamic(blocks), None)
+        sizes = [len(b.tokens) for b in blocks]  # x: (sum n_b, H)
+        logits = self.single.logits(x) if logits is None else logits  # a graph may have run the head
+        return list(logits.split(sizes)), list(x.split(sizes))
 
     @torch.inference_mode()
     def states_dynamic(self, blocks: Sequence[RowBlock]) -> torch.Tensor:
         """The forward over the running rows only, padded to the widest block, attending over the
         longest row's span: (sum n_b, H) the final-normed states of the blocks' rows, in order."""
         width = max(len(b.tokens) for b in blocks)
-        starts = self.cache.begin(width)
+        self.cache.begin(width)
         dev = self.net.device
-        ids, positions, mask, valid = block_inputs(blocks, starts.cpu(), width, self.cache.span)
+        lengths = torch.tensor(self.cache.lengths, dtype=torch.long)  # the starts, read on the host
+        ids, positions, mask, valid = block_inputs(blocks, lengths, width, self.cache.span)
         x = self.net.forward_batch(self.cache, ids.to(dev), positions.to(dev), mask)
         self.num_forwards += 1
-        return x[valid.to(dev)]
+        return x.flatten(0, 1)[pick_rows(valid.flatten(), dev)]
 
     @torch.inference_mode()
     def commit(self, row: int, keep: Sequence[int]) -> None:
@@ -187,3 +189,12 @@ def block_inputs(
     cols = starts[:, None] + torch.arange(width)  # (B, width): where the new rows land
     mask.scatter_(2, cols[:, None, :].expand(-1, width, -1), new)
     return ids, starts[:, None] + offsets, mask, valid
+
+
+def pick_rows(valid: torch.Tensor, device: torch.device) -> slice | torch.Tensor:
+    """The rows `valid` ((n,) bool, on the host) marks, as an index that reads nothing back from the
+    device: a slice when they are the first ones (a lone request's block), else their positions."""
+    count = int(valid.sum())
+    if bool(valid[:count].all()):
+        return slice(0, count)
+    return valid.nonzero().squeeze(1).to(device, non_blocking=True)

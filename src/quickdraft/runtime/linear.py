@@ -179,10 +179,14 @@ class PackedRows:
 
 def fuse_rows(parts: list) -> list:
     """Linears reading the same input, as one kernel call where their kinds allow (q, k, v; gate, up):
-    packed bf16 Linears, Int8Linears or Int4Linears (one group size) over the concatenated output rows
-    (rows are independent: the result is the parts' outputs side by side). Returns [fused] or the parts."""
+    packed bf16 Linears, Int8Linears or Int4Linears (one group size) over the concatenated output rows,
+    and plain Linears on a GPU over a concatenated copy of their weights (rows are independent: the
+    result is the parts' outputs side by side). Returns [fused] or the parts."""
     if all(isinstance(p, Linear) and p.packed is not None for p in parts) and len({p.kind for p in parts}) == 1:
         return [PackedRows(list(parts))]
+    if all(type(p) is Linear and p.packed is None and p.weight.device.type == "cuda" for p in parts):
+        # a GPU's small-batch GEMMs cost a launch each (issue #50): one over the rows, a copy of them
+        return [Linear(torch.cat([p.weight for p in parts]))]
     fused = concat_rows(list(parts))
     return list(parts) if fused is None else [fused]
 
