@@ -60,6 +60,18 @@ def _quantized_note(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _peer_notes(summary: dict) -> list[str]:
+    """What died (a peer's process: its signal or exit) and which build each llama.cpp peer ran."""
+    lines = []
+    if summary.get("failed"):
+        lines += ["Methods that failed and were left out (the others ran on):", ""]
+        lines += [f"- `{m}`: {why}" for m, why in summary["failed"].items()]
+        lines.append("")
+    for m, info in summary.get("peer_builds", {}).items():
+        lines += [f"`{m}` ran llama.cpp built with: {' '.join(info.split())}", ""]
+    return lines
+
+
 def _category_table(summary: dict) -> list[str]:
     methods = [m for m in summary["methods"] if m != "ar"]
     cats = sorted({c for m in summary["methods"].values() for c in m["categories"]})
@@ -96,6 +108,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "matches ar = share of outputs token-identical to plain decoding.",
         "",
         *_quantized_note(summary),
+        *_peer_notes(summary),
         *_guard_note(summary),
         *_table(summary),
         "",

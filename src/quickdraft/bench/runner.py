@@ -11,6 +11,7 @@ import json
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
+from quickdraft.bench.peer_process import PeerCrashed
 from quickdraft.costs.host import cpu_fields, cpu_model
 from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import PromptCodec
@@ -106,16 +108,22 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     specs = _methods_with_ar(config.methods, config.quantize)
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
-    methods = {s.text: build_method(s, target, config.dtype, config.runtime, config.quantize) for s in specs}
     plain = {s.text: _is_plain(s) for s in specs}
     weights_of = {s.text: _weights(s, config.quantize) for s in specs}
+    failed = Failures(plain, weights_of)
+    methods = {}
+    for s in specs:
+        if s.text not in failed.reasons:
+            with failed.guard(s.text, methods):
+                methods[s.text] = build_method(s, target, config.dtype, config.runtime, config.quantize)
     codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    for m in methods.values():  # warm-up, not recorded
-        m.run(prompt_ids[records[0].question_id], min(8, config.max_new_tokens))
+    for text, m in list(methods.items()):  # warm-up, not recorded
+        with failed.guard(text, methods):
+            m.run(prompt_ids[records[0].question_id], min(8, config.max_new_tokens))
 
     rows: list[dict] = []
     reference: dict[tuple[str, str], list[int]] = {}  # (question, weights) -> plain decoding's tokens
@@ -124,8 +132,12 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
         for run in range(config.runs):
             for rec in records:
                 ids = prompt_ids[rec.question_id]
-                for text, method in methods.items():
-                    res = method.run(ids, config.max_new_tokens)
+                for text, method in list(methods.items()):
+                    res = None
+                    with failed.guard(text, methods):
+                        res = method.run(ids, config.max_new_tokens)
+                    if res is None or text not in methods:
+                        continue
                     weights = weights_of[text]
                     if plain[text]:
                         reference.setdefault((rec.question_id, weights), res.token_ids)
@@ -149,12 +161,18 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
                     fh.write(json.dumps(row) + "\n")
                     bar.set_postfix_str(f"{text[:24]} {row['new_tokens'] / max(res.wall_s, 1e-9):.1f} tok/s")
                     bar.update()
+    rows = [r for r in rows if r["method"] in methods]  # a method that died mid-run is left out whole
     batched = _batched(methods, records, prompt_ids, rows, config) if config.batch is not None else None
-    for m in methods.values():  # stop worker processes (parallel PEARL)
+    for m in methods.values():  # stop worker processes (parallel PEARL, llama.cpp)
         m.close()
     summary = summarize(rows)
     if batched is not None:
         summary["batched"] = batched
+    if failed.reasons:
+        summary["failed"] = dict(failed.reasons)
+    builds = {t: m.system_info for t, m in methods.items() if getattr(m, "system_info", None)}
+    if builds:
+        summary["peer_builds"] = builds
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
     summary["prompt_set"] = {
@@ -181,6 +199,37 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary
+
+
+class Failures:
+    """Methods whose peer process died (`PeerCrashed`): each is dropped with its one-line reason, and
+    so is every method whose lossless reference it was (plain decoding of the same weights); the bench
+    goes on with the others and its report lists them.
+
+    Args:
+        plain: whether each method is plain decoding of its weights.
+        weights: each method's weights (what its lossless match compares with).
+    """
+
+    def __init__(self, plain: dict[str, bool], weights: dict[str, str]) -> None:
+        self.plain, self.weights = plain, weights
+        self.reasons: dict[str, str] = {}
+
+    @contextmanager
+    def guard(self, text: str, methods: dict | None = None):
+        """Run the body; a PeerCrashed drops `text` (and what compares with it) from `methods`."""
+        try:
+            yield
+        except PeerCrashed as exc:
+            self.reasons[text] = str(exc)
+            print(f"quickdraft: bench: {exc}; the other methods go on", file=sys.stderr)
+            if self.plain[text]:
+                for other, w in self.weights.items():
+                    if other != text and w == self.weights[text]:
+                        self.reasons.setdefault(other, f"{other}: its plain reference {text} died")
+            for dead in self.reasons:
+                if methods is not None and dead in methods:
+                    methods.pop(dead).close()
 
 
 def _batched(methods: dict, records, prompt_ids: dict, rows: list[dict], config: BenchConfig) -> dict:

@@ -1,0 +1,121 @@
+"""The llama.cpp peer's child process: llama-cpp-python loaded here, never in the bench's process.
+
+A llama.cpp build that does not run on the host dies with a signal (an AMX `tilezero` on an Intel
+Xeon VM was SIGILL, issue #47); here that death ends this process only, and the parent
+(`bench/peer_process.py`) reports it as one method's failure. Run by path (`python
+llama_cpp_worker.py`), so it imports the standard library and llama_cpp only, not quickdraft (nor
+torch).
+
+Protocol: one JSON object a line on stdin, one reply a line on the original stdout (llama.cpp's own
+prints go to stderr). Requests:
+- {"op": "quantize", "model", "ftype", "out"}: a requantized copy (llama_model_quantize, 2 threads);
+- {"op": "load", "model", "n_ctx", "threads", "lookup", "logits_all"}: the model (and prompt lookup
+  with `lookup` tokens when > 0); replies the build's system info;
+- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy decoding from the prompt ids; replies the
+  tokens, the seconds it took (prefill included), the forwards (llama_decode calls) and each draft
+  (where it was proposed, its tokens);
+- {"op": "close"}: exit.
+A failure that Python sees replies {"error": "..."}; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class Peer:
+    """The loaded model and what its last run recorded."""
+
+    def __init__(self) -> None:
+        self.llm = None
+        self.forwards = 0
+        self.drafts: list[tuple[int, list[int]]] = []
+
+    def quantize(self, model: str, ftype: int, out: str) -> dict:
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
+        if llama_cpp.llama_model_quantize(model.encode(), out.encode(), params) != 0:
+            return {"error": f"llama_model_quantize failed for {os.path.basename(model)}"}
+        return {"ok": True}
+
+    def load(self, model: str, n_ctx: int, threads: int, lookup: int, logits_all: bool) -> dict:
+        import llama_cpp
+
+        draft = None
+        if lookup > 0:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            peer = self
+
+            class Recorded(LlamaPromptLookupDecoding):  # records each draft (where, which tokens)
+                def __call__(self, input_ids, **kwargs):
+                    out = super().__call__(input_ids, **kwargs)
+                    peer.drafts.append((len(input_ids), [int(t) for t in out]))
+                    return out
+
+            draft = Recorded(num_pred_tokens=lookup)
+        self.llm = llama_cpp.Llama(
+            model_path=model,
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            draft_model=draft,
+            # with a draft model, llama-cpp-python keeps every row's logits but sizes that buffer by this
+            # flag, not by the draft (0.3.36): past n_batch positions it fails unless told
+            logits_all=logits_all,
+            verbose=False,
+        )
+        evaluate = self.llm.eval
+
+        def counted(tokens):  # one llama_decode per call: a target forward
+            self.forwards += 1
+            return evaluate(tokens)
+
+        self.llm.eval = counted
+        info = llama_cpp.llama_print_system_info()
+        return {"ok": True, "system_info": info.decode() if isinstance(info, bytes) else str(info)}
+
+    def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
+        self.forwards, self.drafts = 0, []
+        self.llm.reset()  # no prefix reuse between runs: the prompt is prefilled every time, as ours
+        out: list[int] = []
+        stop = set(eos)
+        start = time.perf_counter()
+        for token in self.llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            out.append(int(token))
+            if len(out) >= max_new_tokens or token in stop:
+                break
+        wall = time.perf_counter() - start
+        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": self.forwards, "drafts": self.drafts}
+
+
+def serve(requests, replies) -> None:
+    """Answer `requests` (lines of JSON) on `replies` until "close" or the end of input."""
+    peer = Peer()
+    for line in requests:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "close":
+            break
+        try:
+            reply = getattr(peer, op)(**request)
+        except Exception as exc:  # a Python-level failure: reported, the process lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything llama.cpp prints goes to stderr
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()
