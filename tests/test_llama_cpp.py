@@ -95,7 +95,10 @@ def test_bench_reports_llama_cpp_agreement_apart_from_the_lossless_match(smollm,
     assert peer["quantize"] == "llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
     assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["speedup_vs_own_ar"] is not None
     assert "llama-cpp:quantize=gguf" in summary["methods"]
-    assert "output equal to our `ar`'s" in (tmp_path / "out" / "report.md").read_text()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "output equal to our `ar`'s" in report
+    assert "`llama-cpp:lookup=2` ran llama.cpp built with: CPU :" in report  # the peer's build is named
+    assert "AMX_INT8 = 1" not in summary["peer_builds"]["llama-cpp:lookup=2"]  # the README's build: AMX off
 
 
 @pytest.mark.real_model

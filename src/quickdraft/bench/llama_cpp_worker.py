@@ -112,6 +112,8 @@ def serve(requests, replies) -> None:
 
 
 def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder (with bench/llama_cpp.py,
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # our peer) would shadow llama_cpp
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything llama.cpp prints goes to stderr
     serve(sys.stdin, replies)
