@@ -174,7 +174,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     for folder in sorted(p.parent for p in SHIPPED_DATASTORES.glob("*/datastore.json")):
         load_datastore(folder)  # the suffix drafter's index, built once into the cache
     if kernels.fused_ops() is not None:  # the native runtime's fused CPU kernels, built once for this host
-        print(f"fused CPU kernels: {kernels.build_dir()}")
+        print(f"fused CPU kernels ({kernels.chosen_level()}): {kernels.build_dir()}")
     return 0
 
 

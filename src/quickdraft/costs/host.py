@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import platform
 import re
 import statistics
@@ -63,5 +64,7 @@ def kept(path: Path, measure: Callable[[], object], encode=lambda value: value, 
     value = measure()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(encode(value)) + "\n")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")  # written whole, then renamed: a reader
+        tmp.write_text(json.dumps(encode(value)) + "\n")  # never sees half a file
+        os.replace(tmp, path)
     return value

@@ -106,7 +106,7 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure) -> str | None:
     QUICKDRAFT_PACKED_LINEAR."""
     from quickdraft.weights.default import cache_dir
 
-    fused = kernels.build_dir().name[:8] if kernels.fused_ops() is not None else "none"
+    fused = kernels.build_dir().name if kernels.fused_ops() is not None else "none"
     raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"
     raw += f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}"
 

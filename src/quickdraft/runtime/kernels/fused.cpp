@@ -791,8 +791,11 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
             acc[o] += static_cast<int32_t>(v & 0x0F) * x[m * xs + 32 * b + 4 * j + i] +
                       static_cast<int32_t>(v >> 4) * x[m * xs + 32 * b + 16 + 4 * j + i];
           }
-      for (int o = 0; o < kBlock; ++o)
-        facc[m][o] += static_cast<float>(acc[o]) * (dv[o] * sx[m * sxs + b]) + mv[o] * sxq[m * sxs + b];
+      for (int o = 0; o < kBlock; ++o) {  // the VNNI path's two fused multiply-adds, in its order: the
+        // same bits whatever the tile's rows (left to the compiler, the contraction followed the tile)
+        facc[m][o] = std::fma(static_cast<float>(acc[o]), dv[o] * sx[m * sxs + b], facc[m][o]);
+        facc[m][o] = std::fma(mv[o], sxq[m * sxs + b], facc[m][o]);
+      }
     }
   }
   for (int m = 0; m < MB; ++m)
