@@ -30,7 +30,7 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 
 def method_spec(text: str) -> dict:
-    """"sd:drafter=head" -> {"method": "sd", "drafter": "head"} (the bench's method syntax)."""
+    """ "sd:drafter=head" -> {"method": "sd", "drafter": "head"} (the bench's method syntax)."""
     name, _, rest = text.partition(":")
     spec = {"method": name}
     for item in filter(None, rest.split(",")):
@@ -67,7 +67,7 @@ def main() -> None:
             engine.generate_ids(ids, SamplingConfig(), stop)
             sync(args.device)
         events = prof.key_averages()
-        count = lambda names: sum(e.count for e in events if e.key in names)  # noqa: E731
+        count = lambda names, events=events: sum(e.count for e in events if e.key in names)  # noqa: E731
         kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
         busy_ms = sum(e.self_device_time_total for e in kernels) / 1000 if kernels else 0.0
         print(f"\n## {text} on {args.device}: {len(out.token_ids)} tokens, {forwards} target forwards")

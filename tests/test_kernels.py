@@ -341,3 +341,60 @@ def test_greedy_speculation_equals_plain_decoding_exactly_in_bf16(monkeypatch):
             assert b.token_ids == a.token_ids
             drafted += b.stats.num_draft_tokens
         assert drafted > 0
+
+
+def _bad_inputs(ops) -> dict:
+    """Calls a caller could make with wrong shapes, dtypes, layouts or positions, by what is wrong."""
+    bf = torch.bfloat16
+    x = torch.randn(3, 48)
+    kc, vc = torch.zeros(2, 16, 16), torch.zeros(2, 16, 16)
+    y, cos, sin = torch.randn(3, (6 + 4) * 16), torch.randn(3, 16), torch.randn(3, 16)
+    q = torch.randn(3, 6, 16)
+    pk = ops.pack_bf16(torch.randn(20, 48, dtype=bf))
+    return {
+        "norm w short": lambda: ops.add_rms_norm(x, None, torch.ones(10), 1e-5),
+        "norm w dtype": lambda: ops.add_rms_norm(x, None, torch.ones(48, dtype=torch.float64), 1e-5),
+        "norm h shape": lambda: ops.add_rms_norm(x, torch.randn(2, 48), torch.ones(48), 1e-5),
+        "norm x 1d": lambda: ops.add_rms_norm(torch.randn(48), None, torch.ones(48), 1e-5),
+        "rope cos rows": lambda: ops.rope_store(y, cos[:1], sin[:1], kc, vc, 0, 6, 2),
+        "rope cache d": lambda: ops.rope_store(y, cos, sin, torch.zeros(2, 16, 8), torch.zeros(2, 16, 8), 0, 6, 2),
+        "rope cache kv": lambda: ops.rope_store(y, cos, sin, torch.zeros(1, 16, 16), torch.zeros(1, 16, 16), 0, 6, 2),
+        "rope at neg": lambda: ops.rope_store(y, cos, sin, kc, vc, -5, 6, 2),
+        "rope at far": lambda: ops.rope_store(y, cos, sin, kc, vc, 15, 6, 2),
+        "rope dtype": lambda: ops.rope_store(y, cos.double(), sin.double(), kc, vc, 0, 6, 2),
+        "rope kv0": lambda: ops.rope_store(y, cos, sin, kc, vc, 0, 10, 0),
+        "attend d": lambda: ops.attend(q, torch.zeros(2, 16, 8), torch.zeros(2, 16, 8), 4, None),
+        "attend len": lambda: ops.attend(q, kc, vc, 99, None),
+        "attend len0": lambda: ops.attend(q, kc, vc, 0, None),
+        "attend v shape": lambda: ops.attend(q, kc, torch.zeros(2, 8, 16), 4, None),
+        "attend mask": lambda: ops.attend(q, kc, vc, 4, torch.ones(3, 5, dtype=torch.bool)),
+        "attend dtype": lambda: ops.attend(q, kc.double(), vc.double(), 4, None),
+        "attend noncontig": lambda: ops.attend(q, kc.transpose(1, 2), vc, 4, None),
+        "silu odd": lambda: ops.silu_mul(torch.randn(3, 7)),
+        "packed K": lambda: ops.linear_packed(torch.randn(2, 40, dtype=bf), pk, 20),
+        "packed N": lambda: ops.linear_packed(torch.randn(2, 48, dtype=bf), pk, 99),
+        "packed layout": lambda: ops.linear_packed(
+            torch.randn(2, 48, dtype=bf), torch.zeros(2, 24, 16, 3, dtype=bf), 20
+        ),
+        "w8 scales": lambda: ops.linear_w8a8(
+            torch.randn(2, 64), ops.pack_int8(torch.zeros(20, 64, dtype=torch.int8)), torch.zeros(2, 1), 20
+        ),
+        "w8 N neg": lambda: ops.linear_w8a8(
+            torch.randn(2, 64), ops.pack_int8(torch.zeros(20, 64, dtype=torch.int8)), torch.zeros(2, 2, 16), -1
+        ),
+        "w4 K": lambda: ops.linear_w4a8(
+            torch.randn(2, 100),
+            ops.pack_q4(torch.zeros(20, 64, dtype=torch.uint8), torch.ones(20, 2), torch.zeros(20, 2)),
+            20,
+        ),
+        "w4 bytes": lambda: ops.linear_w4a8(torch.randn(2, 64), torch.zeros(2, 2, 10, dtype=torch.uint8), 20),
+    }
+
+
+@needs_ops
+def test_a_kernel_refuses_what_it_would_read_out_of_bounds(ops):
+    """Every tensor a kernel indexes is checked: a wrong shape, dtype, layout or position is a clear
+    RuntimeError naming the kernel (TORCH_CHECK), never a crash or a read past the end (issue #47)."""
+    for call in _bad_inputs(ops).values():
+        with pytest.raises(RuntimeError, match=r"^(add_rms_norm|rope_store|attend|silu_mul|linear_\w+)"):
+            call()

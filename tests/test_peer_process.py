@@ -66,7 +66,9 @@ def test_a_child_killed_by_a_signal_is_a_one_line_failure(worker):
 def prompt_file(tmp_path):
     path = tmp_path / "q.jsonl"
     texts = [("x", "abc abc abc abc"), ("x", "hello hello hello"), ("y", "the cat the cat the cat")]
-    path.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in enumerate(texts)))
+    path.write_text(
+        "\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in enumerate(texts))
+    )
     return str(path)
 
 

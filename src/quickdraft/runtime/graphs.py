@@ -88,7 +88,7 @@ class StaticBatchForward:
 
     def _run(self, buf: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B * width, H) states and, with the head inside, their (B * width, V) logits."""
-        cache, (b, width, span) = self.target.cache, buf["mask"].shape
+        cache, span = self.target.cache, buf["mask"].shape[-1]
         cache.starts, cache.span, cache.groups = buf["starts"], span, None  # static: one call
         x = self.forward(cache, buf["ids"], buf["positions"], buf["mask"]).flatten(0, 1)
         return x, (self.target.single.logits(x) if self.head_inside else None)
@@ -134,4 +134,3 @@ class StaticBatchForward:
         target.num_forwards += 1
         pick = pick_rows(valid.flatten(), x.device)
         return x[pick], (None if logits is None else logits[pick])
-

@@ -84,9 +84,7 @@ def chosen_level() -> str:
     if forced not in (*LEVELS, NATIVE):
         raise QuickdraftError(f"QUICKDRAFT_KERNEL_LEVEL={forced!r}: no such level; choose one of {', '.join(LEVELS)}")
     if forced not in supported:
-        raise QuickdraftError(
-            f"QUICKDRAFT_KERNEL_LEVEL={forced}: this CPU lacks it; it runs {', '.join(supported)}"
-        )
+        raise QuickdraftError(f"QUICKDRAFT_KERNEL_LEVEL={forced}: this CPU lacks it; it runs {', '.join(supported)}")
     return forced
 
 
@@ -171,7 +169,9 @@ def _load(level: str):
 
         partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")  # built aside, then renamed:
         partial.mkdir(parents=True, exist_ok=True)  # a build cut short is never found and loaded
-        print(f"quickdraft: building the fused CPU kernels ({level}) for this host once (about 30 s) ...", file=sys.stderr)
+        print(
+            f"quickdraft: building the fused CPU kernels ({level}) for this host once (about 30 s) ...", file=sys.stderr
+        )
         module = load(
             name=name,
             sources=[str(SOURCE)],

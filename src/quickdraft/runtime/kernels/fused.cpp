@@ -29,6 +29,14 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 16;  // elements of work below which a loop stays on one thread
 
+// Every tensor a kernel indexes is checked first (a clear error to Python, never a read out of bounds):
+// on the CPU, of the dtype the kernel reads it as, contiguous, with the dimensions it indexes.
+inline void check_input(const Tensor& t, const char* what, at::ScalarType dtype, int64_t dim) {
+  TORCH_CHECK(t.defined() && t.device().is_cpu(), what, ": expected a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, what, ": dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.dim() == dim && t.is_contiguous(), what, ": expected a contiguous ", dim, "-d tensor, got ", t.sizes());
+}
+
 // exp for float, branch-free so loops over it vectorize (Cephes' expf: range reduction by ln 2 split
 // in two, a degree-6 polynomial, 2^n from the exponent bits; about 1 ulp). Doubles take std::exp.
 inline float fast_exp(float x) {
@@ -76,9 +84,15 @@ void add_rms_norm_rows(const scalar_t* x, const scalar_t* h, const scalar_t* w, 
 
 // (T, H) x, optional (T, H) h, (H,) w -> [x + h (or an empty tensor), norm(x + h)]
 std::vector<Tensor> add_rms_norm(const Tensor& x, const c10::optional<Tensor>& h, const Tensor& w, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous(), "add_rms_norm: contiguous (T, H) rows");
+  check_input(x, "add_rms_norm: x", x.scalar_type(), 2);
+  check_input(w, "add_rms_norm: w", x.scalar_type(), 1);
+  TORCH_CHECK(w.size(0) == x.size(1), "add_rms_norm: w has ", w.size(0), " weights for rows of ", x.size(1));
   const bool add = h.has_value() && h->defined();
   Tensor hc = add ? h->contiguous() : Tensor();
+  if (add) {
+    check_input(hc, "add_rms_norm: h", x.scalar_type(), 2);
+    TORCH_CHECK(hc.sizes() == x.sizes(), "add_rms_norm: h ", hc.sizes(), " against x ", x.sizes());
+  }
   Tensor sum = add ? at::empty_like(x) : Tensor();
   Tensor out = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
@@ -94,10 +108,18 @@ std::vector<Tensor> add_rms_norm(const Tensor& x, const c10::optional<Tensor>& h
 // as (T, heads, d).
 Tensor rope_store(const Tensor& y, const Tensor& cos, const Tensor& sin, Tensor k_cache, Tensor v_cache, int64_t at,
                   int64_t heads, int64_t kv_heads) {
+  check_input(y, "rope_store: y", y.scalar_type(), 2);
+  check_input(cos, "rope_store: cos", y.scalar_type(), 2);
+  check_input(sin, "rope_store: sin", y.scalar_type(), 2);
+  check_input(k_cache, "rope_store: k_cache", y.scalar_type(), 3);
+  check_input(v_cache, "rope_store: v_cache", y.scalar_type(), 3);
   const int64_t T = y.size(0), d = cos.size(1), half = d / 2;
-  TORCH_CHECK(y.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "rope_store: contiguous inputs");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "rope_store: heads ", heads, ", kv heads ", kv_heads);
+  TORCH_CHECK(d > 0 && d % 2 == 0 && cos.size(0) == T && sin.sizes() == cos.sizes(), "rope_store: cos, sin (T, d)");
   TORCH_CHECK(y.size(1) == (heads + 2 * kv_heads) * d, "rope_store: qkv width");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && at + T <= k_cache.size(1), "rope_store: cache");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == kv_heads && k_cache.size(2) == d,
+              "rope_store: caches (kv heads, capacity, d)");
+  TORCH_CHECK(at >= 0 && at + T <= k_cache.size(1), "rope_store: positions ", at, "..", at + T, " beyond the cache");
   Tensor q = at::empty({T, heads, d}, y.options());
   const int64_t cap = k_cache.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, y.scalar_type(), "rope_store", [&] {
@@ -257,12 +279,15 @@ bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, c
 // under mask (T, length) bool when given (None: every row sees all). Returns (T, heads * d).
 Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t length,
               const c10::optional<Tensor>& mask) {
+  check_input(q, "attend: q", q.scalar_type(), 3);
+  check_input(k_cache, "attend: k_cache", q.scalar_type(), 3);
+  check_input(v_cache, "attend: v_cache", q.scalar_type(), 3);
   const int64_t T = q.size(0), heads = q.size(1), d = q.size(2), kv = k_cache.size(0), cap = k_cache.size(1);
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "attend: contiguous");
-  TORCH_CHECK(length <= cap && heads % kv == 0, "attend: shapes");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == d, "attend: caches (kv heads, capacity, d)");
+  TORCH_CHECK(kv > 0 && heads % kv == 0 && length >= 1 && length <= cap, "attend: shapes");
   const bool masked = mask.has_value() && mask->defined();
   Tensor m = masked ? mask->to(at::kBool).contiguous() : Tensor();
-  TORCH_CHECK(!masked || (m.size(0) == T && m.size(1) == length), "attend: mask must be (T, length)");
+  TORCH_CHECK(!masked || (m.dim() == 2 && m.size(0) == T && m.size(1) == length), "attend: mask must be (T, length)");
   Tensor out = at::empty({T, heads * d}, q.options());
   const int64_t group = heads / kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -324,7 +349,8 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
 // (as torch's activation, then its multiply); row by row, so batch-invariant
 template <typename Act>
 Tensor gated_mul(const Tensor& gu, const char* name, Act act) {
-  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, name, ": contiguous (T, 2I)");
+  TORCH_CHECK(gu.device().is_cpu() && gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, name,
+              ": contiguous (T, 2I) CPU rows");
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
   Tensor out = at::empty({T, I}, gu.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gu.scalar_type(), "gated_mul", [&] {
@@ -444,7 +470,8 @@ inline void packed_rows(const uint16_t* x, int64_t M, int64_t xs, int64_t K2, co
 
 // (N, K) bf16 -> (ceil(N/16), ceil(K/2), 16, 2) bf16, zero-padded
 Tensor pack_bf16(const Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_bf16: a (N, K) bf16 weight");
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
+              "pack_bf16: a (N, K) bf16 CPU weight");
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t NBk = (N + kBlock - 1) / kBlock, K2 = (K + 1) / 2;
   Tensor padded = at::zeros({NBk * kBlock, K2 * 2}, weight.options());
@@ -454,9 +481,11 @@ Tensor pack_bf16(const Tensor& weight) {
 
 // x (M, K) bf16, packed from pack_bf16 of a (N, K) weight -> (M, N) bf16
 Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && packed.dim() == 4, "linear_packed: bf16 rows");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_packed: bf16 CPU rows");
+  check_input(packed, "linear_packed: packed", at::kBFloat16, 4);
   const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), K2 = packed.size(1);
-  TORCH_CHECK((K + 1) / 2 == K2 && N <= NBk * kBlock, "linear_packed: x does not match the packed weight");
+  TORCH_CHECK(packed.size(2) == kBlock && packed.size(3) == 2, "linear_packed: not a pack_bf16 layout");
+  TORCH_CHECK((K + 1) / 2 == K2 && N >= 0 && N <= NBk * kBlock, "linear_packed: x does not match the packed weight");
   Tensor xc = x.contiguous();
   if (K % 2) xc = at::constant_pad_nd(xc, {0, 1});
   const int64_t xs = xc.size(1);
@@ -494,7 +523,7 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
 constexpr int kQBlock = 32;  // inputs per scale block
 
 Tensor pack_int8(const Tensor& q) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 weight");
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 CPU weight");
   const int64_t N = q.size(0), K = q.size(1);
   const int64_t NBk = (N + kBlock - 1) / kBlock, Kp = (K + kQBlock - 1) / kQBlock * kQBlock;
   Tensor padded = at::full({NBk * kBlock, Kp}, -128, q.options());  // padding: weight 0 once shifted
@@ -505,7 +534,7 @@ Tensor pack_int8(const Tensor& q) {
 
 // (N, K/32) per-block values -> (N/16, K/32, 16), zero-padded rows (scales and column sums)
 Tensor pack_blocks(const Tensor& v) {
-  TORCH_CHECK(v.dim() == 2, "pack_blocks: (N, blocks)");
+  TORCH_CHECK(v.device().is_cpu() && v.dim() == 2, "pack_blocks: (N, blocks) CPU values");
   const int64_t N = v.size(0), B = v.size(1), NBk = (N + kBlock - 1) / kBlock;
   Tensor padded = at::zeros({NBk * kBlock, B}, v.options());
   padded.narrow(0, 0, N).copy_(v);
@@ -665,11 +694,15 @@ const QuantizedRows& quantized_rows(const Tensor& x, int64_t Kp, int64_t KB) {
 // x (M, K) float/bf16; packed = pack_int8(q) of (N, K) int8 weights; scales = pack_blocks of their (N, K/32)
 // float block scales -> (M, N) in x's dtype
 Tensor linear_w8a8(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 4 && packed.scalar_type() == at::kByte, "linear_w8a8: shapes");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w8a8: (M, K) CPU rows");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_w8a8: float or bf16 rows");
+  check_input(packed, "linear_w8a8: packed", at::kByte, 4);
+  check_input(scales, "linear_w8a8: scales", at::kFloat, 3);
+  TORCH_CHECK(packed.size(2) == kBlock && packed.size(3) == 4, "linear_w8a8: not a pack_int8 layout");
   const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), Kp = packed.size(1) * 4, KB = Kp / kQBlock;
-  TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && N <= NBk * kBlock, "linear_w8a8: x does not match the weight");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.size(0) == NBk && scales.size(1) == KB, "linear_w8a8: scales");
+  TORCH_CHECK(Kp % kQBlock == 0 && (K + kQBlock - 1) / kQBlock == KB && N >= 0 && N <= NBk * kBlock,
+              "linear_w8a8: x does not match the weight");
+  TORCH_CHECK(scales.size(0) == NBk && scales.size(1) == KB && scales.size(2) == kBlock, "linear_w8a8: scales");
   const QuantizedRows& q = quantized_rows(x, Kp, KB);
   Tensor y = at::empty({M, NBk * kBlock}, x.options());
   const uint8_t* W = packed.data_ptr<uint8_t>();
@@ -696,7 +729,7 @@ inline uint16_t half_bits(float f) { return c10::Half(f).x; }
 
 // codes (N, K) uint8 0..15, d and m (N, ceil(K/32)) float -> (ceil(N/16), ceil(K/32), 320) uint8 (zero-padded)
 Tensor pack_q4(const Tensor& codes, const Tensor& d, const Tensor& mins) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "pack_q4: (N, K) uint8 codes");
+  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 2 && codes.scalar_type() == at::kByte, "pack_q4: (N, K) uint8 codes");
   const int64_t N = codes.size(0), K = codes.size(1), KB = (K + kQBlock - 1) / kQBlock, NBk = (N + kBlock - 1) / kBlock;
   TORCH_CHECK(d.sizes() == mins.sizes() && d.size(0) == N && d.size(1) == KB, "pack_q4: (N, K/32) scales and mins");
   const Tensor c = codes.contiguous(), df = d.to(at::kFloat).contiguous(), mf = mins.to(at::kFloat).contiguous();
@@ -841,10 +874,11 @@ void w4a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
 
 // x (M, K) float/bf16; packed = pack_q4 of (N, K) codes -> (M, N) in x's dtype
 Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.scalar_type() == at::kByte, "linear_w4a8: shapes");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w4a8: (M, K) CPU rows");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_w4a8: float or bf16 rows");
+  check_input(packed, "linear_w4a8: packed", at::kByte, 3);
   const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), KB = packed.size(1), Kp = KB * kQBlock;
-  TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && packed.size(2) == kQ4Bytes && N <= NBk * kBlock,
+  TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && packed.size(2) == kQ4Bytes && N >= 0 && N <= NBk * kBlock,
               "linear_w4a8: x does not match the packed weight");
   const QuantizedRows& q = quantized_rows(x, Kp, KB);
   thread_local std::vector<float> sxq;
@@ -883,6 +917,10 @@ Tensor llama_layers(Tensor x, const std::vector<Tensor>& norms, const std::vecto
   const int64_t count = static_cast<int64_t>(norms.size()) / 2, T = x.size(0);
   TORCH_CHECK(kinds.size() == 4 * norms.size() / 2 && wa.size() == kinds.size() && wb.size() == kinds.size() &&
               outs.size() == kinds.size(), "llama_layers: four linears and two norms a layer");
+  check_input(k_all, "llama_layers: k_all", k_all.scalar_type(), 4);
+  check_input(v_all, "llama_layers: v_all", k_all.scalar_type(), 4);
+  TORCH_CHECK(k_all.sizes() == v_all.sizes() && first >= 0 && first + count <= k_all.size(0),
+              "llama_layers: layers ", first, "..", first + count, " beyond the cache's ", k_all.size(0));
   x = x.contiguous();
   const c10::optional<Tensor> none;
   for (int64_t l = 0; l < count; ++l) {
