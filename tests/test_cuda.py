@@ -79,12 +79,15 @@ def test_graphed_lone_row_with_its_head_inside_equals_eager():
     for t in (eager, graphed):
         t.prefill([(7 * i) % 45 + 3 for i in range(250)], first=True)
         t.adopt()
+    kept = []  # what a drafter keeps of each forward (features, logits) must outlive the next replay
     for _ in range(3):  # 250 -> 254 -> 258 -> 262 positions: the 256 bucket, then 512 twice
         blocks = [RowBlock([1, 2, 3, 4])]
-        (x,), (y,) = eager.forward(blocks), graphed.forward(blocks)
+        (x,), ((y,), (f,)) = eager.forward(blocks), graphed.forward_features(blocks)
         assert torch.allclose(x, y, atol=1e-4)
+        kept.append((y, y.clone(), f, f.clone()))
         for t in (eager, graphed):
             t.commit(0, range(4))
+    assert all(torch.equal(y, y0) and torch.equal(f, f0) for y, y0, f, f0 in kept)
     assert sorted(graphed.static.captured) == [(4, 256), (4, 512)] and graphed.static.replays == 3
 
 

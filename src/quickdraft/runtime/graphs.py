@@ -133,4 +133,7 @@ class StaticBatchForward:
         self.replays += 1
         target.num_forwards += 1
         pick = pick_rows(valid.flatten(), x.device)
-        return x[pick], (None if logits is None else logits[pick])
+        x, logits = x[pick], (None if logits is None else logits[pick])
+        if self.graphs and isinstance(pick, slice):  # views of the graph's output, which the next replay
+            x, logits = x.clone(), (None if logits is None else logits.clone())  # overwrites: a drafter keeps x
+        return x, logits
