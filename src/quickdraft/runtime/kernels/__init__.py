@@ -45,7 +45,7 @@ from quickdraft.costs.host import cpu_fields
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.default import cache_dir
 
-SOURCE = Path(__file__).with_name("fused.cpp")
+SOURCE = Path(__file__).with_name("fused.cpp")  # the translation unit; it includes the parts (*.h) beside it
 NAME = "quickdraft_fused"
 # reassociation lets dot products and sums vectorize (infinities and NaNs keep their meaning: no -ffast-math)
 MATH = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
@@ -112,7 +112,7 @@ def build_dir(level: str | None = None) -> Path:
     the level's flags, this CPU's flags, the compiler and the Python extension ABI."""
     level = level or chosen_level()
     parts = [
-        SOURCE.read_bytes(),
+        *(f.read_bytes() for f in sorted(SOURCE.parent.glob("*.[ch]*")) if f.suffix in (".cpp", ".h")),
         torch.__version__.encode(),
         " ".join(sorted(_host_flags())).encode(),
         " ".join(flags(level)).encode(),

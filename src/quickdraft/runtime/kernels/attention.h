@@ -1,0 +1,197 @@
+// attend: T query rows over the first L cached positions (GQA, optional mask), with AVX-512 a kv head's
+// rows at a time, a scalar loop elsewhere. Python: runtime/llama_block.py (Block._attend).
+// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
+// shared helpers): not compiled alone.
+#pragma once
+
+#if defined(__AVX512F__)
+// ---- attention with AVX-512, a kv head's query rows at a time -------------------------------------------
+// Scores of 16 keys at a time: d/16 FMAs a key into a vector of partial sums, then one shuffle tree turns 16
+// such vectors into 16 scores (about 3 instructions a key, where a reduction per key takes 8). Each row's
+// arithmetic is fixed (a key's score is the same tree over its own partial sums wherever it falls; softmax
+// and the values in key order, one key at a time), whatever the rows beside it: batch-invariant, as the
+// generic kernel below.
+inline __m512 load16f(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16f(const at::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// The lane sums of 16 vectors, as one vector (lane j: the sum of a[j]'s lanes). Every output is the same
+// fixed tree of additions over its own vector's lanes, whatever its place among the 16 (or the others).
+inline __m512 lane_sums16(__m512 a[16]) {
+  __m512 b[8], c[4];
+  for (int k = 0; k < 8; ++k)
+    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)
+    c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44), _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+
+// fast_exp over 16 lanes with explicit instructions (the same range reduction and polynomial)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+template <typename scalar_t, int D16>
+void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M, scalar_t* O,
+                       int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t length, float scale) {
+  constexpr int64_t d = 16 * D16;
+  const int64_t padded = (length + 15) / 16 * 16;
+  thread_local std::vector<float> p, keep;
+  p.resize(padded);
+  keep.resize(padded);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t t = r / group, h = g * group + r % group;
+    __m512 q[D16];
+    for (int c = 0; c < D16; ++c) q[c] = _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc);
+    for (int64_t j0 = 0; j0 < length; j0 += 16) {  // scores of 16 keys at a time (a short block: zeros)
+      __m512 part[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        const int64_t j = j0 + jj;
+        if (j >= length) {
+          part[jj] = _mm512_setzero_ps();
+          continue;
+        }
+        const scalar_t* kr = Kg + j * d;
+        __m512 acc = _mm512_mul_ps(q[0], load16f(kr));
+        for (int c = 1; c < D16; ++c) acc = _mm512_fmadd_ps(q[c], load16f(kr + 16 * c), acc);
+        part[jj] = acc;
+      }
+      _mm512_storeu_ps(p.data() + j0, lane_sums16(part));
+    }
+    const bool* mrow = M ? M + t * length : nullptr;
+    for (int64_t j = 0; j < padded; ++j) keep[j] = (j >= length || (mrow && !mrow[j])) ? 0.f : 1.f;
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, p[j]) : best;
+    // 16 keys at a time through the vector exp: a key's probability does not depend on how many keys
+    // the call holds (a compiler-vectorized loop over `length` would take its tail keys another way)
+    const __m512 top = _mm512_set1_ps(best);
+    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.data() + j0), top));
+      _mm512_storeu_ps(p.data() + j0, _mm512_mul_ps(e, _mm512_loadu_ps(keep.data() + j0)));  // masked: 0
+    }
+    float total = 0.f;
+    __m512 acc[D16];
+    for (int c = 0; c < D16; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < length; ++j) {  // values summed in key order, one key at a time
+      total += p[j];
+      const __m512 e = _mm512_set1_ps(p[j]);
+      const scalar_t* vr = Vg + j * d;
+      for (int c = 0; c < D16; ++c) acc[c] = _mm512_fmadd_ps(e, load16f(vr + 16 * c), acc[c]);
+    }
+    alignas(64) float out[d];
+    for (int c = 0; c < D16; ++c) _mm512_store_ps(out + 16 * c, acc[c]);
+    scalar_t* o = O + t * heads * d + h * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(out[i] / total);
+  }
+}
+
+template <typename scalar_t>
+bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
+                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t length) {
+  if (d != 64 && d != 128 && d != 256) return false;
+  // tasks: a kv head's rows (row x head of its group) in chunks, about 8 tasks a call, at most 16 rows each
+  const int64_t group = heads / kv, rows = T * group;
+  const int64_t chunk = std::min<int64_t>(16, std::max<int64_t>(1, (rows * kv + 7) / 8));
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / chunks, r0 = (task % chunks) * chunk, r1 = std::min(rows, r0 + chunk);
+      const scalar_t* Kg = Kp + g * cap * d;
+      const scalar_t* Vg = Vp + g * cap * d;
+      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+    }
+  });
+  return true;
+}
+#endif
+
+// q: (T, heads, d); k_cache, v_cache: (kv, capacity, d); the first `length` positions are attended to,
+// under mask (T, length) bool when given (None: every row sees all). Returns (T, heads * d).
+Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t length,
+              const c10::optional<Tensor>& mask) {
+  check_input(q, "attend: q", q.scalar_type(), 3);
+  check_input(k_cache, "attend: k_cache", q.scalar_type(), 3);
+  check_input(v_cache, "attend: v_cache", q.scalar_type(), 3);
+  const int64_t T = q.size(0), heads = q.size(1), d = q.size(2), kv = k_cache.size(0), cap = k_cache.size(1);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == d, "attend: caches (kv heads, capacity, d)");
+  TORCH_CHECK(kv > 0 && heads % kv == 0 && length >= 1 && length <= cap, "attend: shapes");
+  const bool masked = mask.has_value() && mask->defined();
+  Tensor m = masked ? mask->to(at::kBool).contiguous() : Tensor();
+  TORCH_CHECK(!masked || (m.dim() == 2 && m.size(0) == T && m.size(1) == length), "attend: mask must be (T, length)");
+  Tensor out = at::empty({T, heads * d}, q.options());
+  const int64_t group = heads / kv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "attend", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* Qp = q.data_ptr<scalar_t>();
+    const scalar_t* Kp = k_cache.data_ptr<scalar_t>();
+    const scalar_t* Vp = v_cache.data_ptr<scalar_t>();
+    const bool* M = masked ? m.data_ptr<bool>() : nullptr;
+    scalar_t* O = out.data_ptr<scalar_t>();
+#if defined(__AVX512F__)
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, length)) return;
+    }
+#endif
+    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
+    at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
+      const int64_t padded8 = (length + 7) / 8 * 8;
+      std::vector<acc_t> p(padded8, acc_t(0)), keep(padded8, acc_t(0)), qf(d), acc(d);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / heads, h = task % heads, g = h / group;
+        const scalar_t* qr = Qp + (t * heads + h) * d;
+        for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<acc_t>(qr[i]) * static_cast<acc_t>(scale);
+        const scalar_t* kb = Kp + g * cap * d;
+        const scalar_t* vb = Vp + g * cap * d;
+        for (int64_t j = 0; j < length; ++j) {
+          const scalar_t* kr = kb + j * d;
+          acc_t s = 0;
+          for (int64_t i = 0; i < d; ++i) s += qf[i] * static_cast<acc_t>(kr[i]);
+          p[j] = s;
+          keep[j] = (M && !M[t * length + j]) ? acc_t(0) : acc_t(1);
+        }
+        acc_t best = -std::numeric_limits<acc_t>::infinity();
+        for (int64_t j = 0; j < length; ++j) best = keep[j] != 0 ? std::max(best, p[j]) : best;
+        // in fixed blocks of 8 keys (padded with masked ones): every key goes through the same code
+        // whatever `length` is (a vectorized loop over `length` takes its tail keys another way)
+        for (int64_t j0 = 0; j0 < padded8; j0 += 8)
+          for (int jj = 0; jj < 8; ++jj) p[j0 + jj] = fast_exp(p[j0 + jj] - best) * keep[j0 + jj];  // masked: 0
+        // Sums in key order, one key at a time (the vectorized loop runs over the head dimension): a row's
+        // result does not depend on how many keys or other rows the call holds (masked keys add zeros),
+        // so a row verified among others equals the same row decoded alone, bit for bit.
+        acc_t total = 0;
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t j = 0; j < length; ++j) {
+          const scalar_t* vr = vb + j * d;
+          const acc_t e = p[j];
+          total += e;
+          for (int64_t i = 0; i < d; ++i) acc[i] += e * static_cast<acc_t>(vr[i]);
+        }
+        scalar_t* o = O + t * heads * d + h * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(acc[i] / total);
+      }
+    });
+  });
+  return out;
+}

@@ -1,0 +1,127 @@
+// pack_bf16 / linear_packed: bf16 linears over a packed weight (AVX512-BF16's vdpbf16ps where present).
+// Python: runtime/linear.py.
+// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
+// shared helpers): not compiled alone.
+#pragma once
+
+// ---- packed bf16 linears: y = x W^T with W streamed once, no horizontal sums --------------------------
+// pack_bf16 lays a (N, K) weight out as (N/16, K/2, 16, 2): for each block of 16 outputs, every pair of
+// input columns is 16 x 2 contiguous bf16 (the VNNI pairing), so one vdpbf16ps multiplies a broadcast
+// pair of x by 16 outputs' weights and accumulates into 16 lanes that are 16 outputs: no horizontal
+// reduction, each weight byte read once per block of 4 rows, blocks streamed sequentially. fp32
+// accumulation, one rounding to bf16 (as torch's bf16 GEMM). Without AVX512-BF16 the same layout is
+// read by a loop the compiler vectorizes for the host (AVX2, AVX-512F): bf16 -> float by a shift.
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even (NaN kept a NaN)
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+constexpr int kBlock = 16;  // outputs per packed block
+
+// MB rows of x (row stride xs, K2 = K/2 column pairs) times NB blocks (block stride bs elements) into
+// y (row stride ys), at the first output of the first block.
+template <int MB, int NB>
+inline void packed_tile(const uint16_t* x, int64_t xs, int64_t K2, const uint16_t* w, int64_t bs, uint16_t* y,
+                        int64_t ys) {
+#if defined(__AVX512BF16__)
+  __m512 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K2; ++k) {
+    __m512bh wv[NB];
+    for (int n = 0; n < NB; ++n) wv[n] = (__m512bh)_mm512_loadu_si512(w + n * bs + k * 2 * kBlock);
+    for (int m = 0; m < MB; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * xs + 2 * k, sizeof pair);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys + n * kBlock), (__m256i)_mm512_cvtneps_pbh(acc[m][n]));
+#else
+  float acc[MB][NB][kBlock] = {};
+  for (int64_t k = 0; k < K2; ++k) {
+    for (int m = 0; m < MB; ++m) {
+      const float x0 = bf16_to_float(x[m * xs + 2 * k]), x1 = bf16_to_float(x[m * xs + 2 * k + 1]);
+      for (int n = 0; n < NB; ++n) {
+        const uint16_t* wk = w + n * bs + k * 2 * kBlock;
+        for (int i = 0; i < kBlock; ++i)
+          acc[m][n][i] += x0 * bf16_to_float(wk[2 * i]) + x1 * bf16_to_float(wk[2 * i + 1]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n)
+      for (int i = 0; i < kBlock; ++i) y[m * ys + n * kBlock + i] = float_to_bf16(acc[m][n][i]);
+#endif
+}
+
+template <int NB>
+inline void packed_rows(const uint16_t* x, int64_t M, int64_t xs, int64_t K2, const uint16_t* w, int64_t bs,
+                        uint16_t* y, int64_t ys) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) packed_tile<4, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys);
+  switch (M - m) {
+    case 3: packed_tile<3, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys); break;
+    case 2: packed_tile<2, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys); break;
+    case 1: packed_tile<1, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys); break;
+    default: break;
+  }
+}
+
+// (N, K) bf16 -> (ceil(N/16), ceil(K/2), 16, 2) bf16, zero-padded
+Tensor pack_bf16(const Tensor& weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
+              "pack_bf16: a (N, K) bf16 CPU weight");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t NBk = (N + kBlock - 1) / kBlock, K2 = (K + 1) / 2;
+  Tensor padded = at::zeros({NBk * kBlock, K2 * 2}, weight.options());
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
+  return padded.view({NBk, kBlock, K2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x (M, K) bf16, packed from pack_bf16 of a (N, K) weight -> (M, N) bf16
+Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_packed: bf16 CPU rows");
+  check_input(packed, "linear_packed: packed", at::kBFloat16, 4);
+  const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), K2 = packed.size(1);
+  TORCH_CHECK(packed.size(2) == kBlock && packed.size(3) == 2, "linear_packed: not a pack_bf16 layout");
+  TORCH_CHECK((K + 1) / 2 == K2 && N >= 0 && N <= NBk * kBlock, "linear_packed: x does not match the packed weight");
+  Tensor xc = x.contiguous();
+  if (K % 2) xc = at::constant_pad_nd(xc, {0, 1});
+  const int64_t xs = xc.size(1);
+  Tensor y = at::empty({M, NBk * kBlock}, x.options());
+  const uint16_t* X = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const uint16_t* W = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  uint16_t* Y = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  const int64_t bs = K2 * 2 * kBlock, ys = NBk * kBlock;
+  constexpr int NB = 4;
+  const int64_t groups = (NBk + NB - 1) / NB;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t b0 = g * NB, nb = std::min<int64_t>(NB, NBk - b0);
+      const uint16_t* w = W + b0 * bs;
+      uint16_t* out = Y + b0 * kBlock;
+      switch (nb) {
+        case 4: packed_rows<4>(X, M, xs, K2, w, bs, out, ys); break;
+        case 3: packed_rows<3>(X, M, xs, K2, w, bs, out, ys); break;
+        case 2: packed_rows<2>(X, M, xs, K2, w, bs, out, ys); break;
+        default: packed_rows<1>(X, M, xs, K2, w, bs, out, ys); break;
+      }
+    }
+  });
+  return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
+}

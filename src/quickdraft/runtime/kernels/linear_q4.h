@@ -1,0 +1,184 @@
+// pack_q4 / linear_w4a8: 4-bit weights (a GGUF's Q4_0/Q4_1 blocks) x int8 activations (VNNI where
+// present). Python: weights/w4a8.py.
+// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
+// shared helpers): not compiled alone.
+#pragma once
+
+// ---- 4-bit weights x int8 activations in blocks of 32 (W4A8, as llama.cpp's Q4_1 x Q8_1) on VNNI ---------
+// Weights: codes q in 0..15 with one fp16 scale d and min m per output and block of 32 inputs, w = q d + m
+// (a GGUF's Q4_1 blocks as they are; Q4_0's have m = -8 d). pack_q4 lays them out as (N/16, K/32, 320)
+// bytes: for each 16 outputs and block, four 64-byte code quads (byte i of output o in quad j holds
+// q[o, 32b + 4j + i] in its low nibble and q[o, 32b + 16 + 4j + i] in its high one), then the 16 outputs'
+// d and their m in fp16: one sequential stream of 5 bits a weight. The codes are unsigned, so one vpdpbusd
+// multiplies 16 outputs' code quads by a broadcast quad of signed int8 activations, and the min comes
+// back through the activations' block sum: y[r, n] = sum_b s_x[r, b] (d[n, b] sum_k q x_q + m[n, b] sum_k x_q).
+// A row's arithmetic does not depend on the rows beside it (integer sums, then one float order): batch-invariant.
+constexpr int64_t kQ4Bytes = 4 * 64 + 2 * 2 * kBlock;
+
+inline uint16_t half_bits(float f) { return c10::Half(f).x; }
+
+// codes (N, K) uint8 0..15, d and m (N, ceil(K/32)) float -> (ceil(N/16), ceil(K/32), 320) uint8 (zero-padded)
+Tensor pack_q4(const Tensor& codes, const Tensor& d, const Tensor& mins) {
+  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 2 && codes.scalar_type() == at::kByte, "pack_q4: (N, K) uint8 codes");
+  const int64_t N = codes.size(0), K = codes.size(1), KB = (K + kQBlock - 1) / kQBlock, NBk = (N + kBlock - 1) / kBlock;
+  TORCH_CHECK(d.sizes() == mins.sizes() && d.size(0) == N && d.size(1) == KB, "pack_q4: (N, K/32) scales and mins");
+  const Tensor c = codes.contiguous(), df = d.to(at::kFloat).contiguous(), mf = mins.to(at::kFloat).contiguous();
+  Tensor out = at::zeros({NBk, KB, kQ4Bytes}, codes.options());
+  const uint8_t* C = c.data_ptr<uint8_t>();
+  const float* D = df.data_ptr<float>();
+  const float* Mn = mf.data_ptr<float>();
+  uint8_t* O = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t nb = n / kBlock, o = n % kBlock;
+    for (int64_t b = 0; b < KB; ++b) {
+      uint8_t* blk = O + (nb * KB + b) * kQ4Bytes;
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k0 = 32 * b + 4 * j + i, k1 = k0 + 16;
+          const uint8_t lo = k0 < K ? C[n * K + k0] & 0x0F : 0, hi = k1 < K ? C[n * K + k1] & 0x0F : 0;
+          blk[64 * j + 4 * o + i] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      const uint16_t dh = half_bits(D[n * KB + b]), mh = half_bits(Mn[n * KB + b]);
+      std::memcpy(blk + 256 + 2 * o, &dh, 2);
+      std::memcpy(blk + 256 + 2 * kBlock + 2 * o, &mh, 2);
+    }
+  }
+  return out;
+}
+
+template <int MB, typename out_t>
+inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w, const float* sx, const float* sxq,
+                      int64_t sxs, out_t* y, int64_t ys) {
+#if defined(__AVX512VNNI__)
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 facc[MB];
+  for (int m = 0; m < MB; ++m) facc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ4Bytes;
+    __m512i lo_acc[MB], hi_acc[MB];
+    for (int m = 0; m < MB; ++m) lo_acc[m] = hi_acc[m] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+      const __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      for (int m = 0; m < MB; ++m) {
+        int32_t q0, q1;
+        std::memcpy(&q0, x + m * xs + 32 * b + 4 * j, 4);
+        std::memcpy(&q1, x + m * xs + 32 * b + 16 + 4 * j, 4);
+        lo_acc[m] = _mm512_dpbusd_epi32(lo_acc[m], lo, _mm512_set1_epi32(q0));
+        if constexpr (MB == 1) {  // one row: two chains hide vpdpbusd's latency
+          hi_acc[m] = _mm512_dpbusd_epi32(hi_acc[m], hi, _mm512_set1_epi32(q1));
+        } else {  // several rows are independent chains already: one accumulator each
+          lo_acc[m] = _mm512_dpbusd_epi32(lo_acc[m], hi, _mm512_set1_epi32(q1));
+        }
+      }
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256)));
+    const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 2 * kBlock)));
+    for (int m = 0; m < MB; ++m) {
+      const __m512 dot = _mm512_cvtepi32_ps(MB == 1 ? _mm512_add_epi32(lo_acc[m], hi_acc[m]) : lo_acc[m]);
+      facc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, _mm512_set1_ps(sx[m * sxs + b])), facc[m]);
+      facc[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sxq[m * sxs + b]), facc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    if constexpr (std::is_same_v<out_t, float>) {
+      _mm512_storeu_ps(y + m * ys, facc[m]);
+    } else {
+#if defined(__AVX512BF16__)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys), (__m256i)_mm512_cvtneps_pbh(facc[m]));
+#else
+      alignas(64) float tmp[kBlock];
+      _mm512_store_ps(tmp, facc[m]);
+      for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + i) = float_to_bf16(tmp[i]);
+#endif
+    }
+  }
+#else
+  float facc[MB][kBlock] = {};
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ4Bytes;
+    float dv[kBlock], mv[kBlock];
+    for (int i = 0; i < kBlock; ++i) {
+      uint16_t dh, mh;
+      std::memcpy(&dh, wb + 256 + 2 * i, 2);
+      std::memcpy(&mh, wb + 256 + 2 * kBlock + 2 * i, 2);
+      dv[i] = static_cast<float>(c10::Half(dh, c10::Half::from_bits()));
+      mv[i] = static_cast<float>(c10::Half(mh, c10::Half::from_bits()));
+    }
+    for (int m = 0; m < MB; ++m) {
+      int32_t acc[kBlock] = {};
+      for (int j = 0; j < 4; ++j)
+        for (int o = 0; o < kBlock; ++o)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t v = wb[64 * j + 4 * o + i];
+            acc[o] += static_cast<int32_t>(v & 0x0F) * x[m * xs + 32 * b + 4 * j + i] +
+                      static_cast<int32_t>(v >> 4) * x[m * xs + 32 * b + 16 + 4 * j + i];
+          }
+      for (int o = 0; o < kBlock; ++o) {  // the VNNI path's two fused multiply-adds, in its order: the
+        // same bits whatever the tile's rows (left to the compiler, the contraction followed the tile)
+        facc[m][o] = std::fma(static_cast<float>(acc[o]), dv[o] * sx[m * sxs + b], facc[m][o]);
+        facc[m][o] = std::fma(mv[o], sxq[m * sxs + b], facc[m][o]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int o = 0; o < kBlock; ++o) {
+      if constexpr (std::is_same_v<out_t, float>) {
+        y[m * ys + o] = facc[m][o];
+      } else {
+        *reinterpret_cast<uint16_t*>(y + m * ys + o) = float_to_bf16(facc[m][o]);
+      }
+    }
+#endif
+}
+
+constexpr int kQ4Rows = 8;  // rows of a tile: 8 integer and 8 float accumulators stay in registers
+
+template <typename out_t>
+void w4a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t* W, const float* SX,
+              const float* SXQ, out_t* Y, int64_t NBk) {
+  const int64_t ys = NBk * kBlock;
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* w = W + nb * KB * kQ4Bytes;
+      out_t* out = Y + nb * kBlock;
+      for (int64_t m = 0; m < M; m += kQ4Rows) {
+        const int64_t r = std::min<int64_t>(kQ4Rows, M - m);
+        const int8_t* xr = X + m * xs;
+        const float *s = SX + m * KB, *sq = SXQ + m * KB;
+        out_t* yr = out + m * ys;
+        switch (r) {
+          case 8: w4a8_tile<8>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 7: w4a8_tile<7>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 6: w4a8_tile<6>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 5: w4a8_tile<5>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 4: w4a8_tile<4>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 3: w4a8_tile<3>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          case 2: w4a8_tile<2>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+          default: w4a8_tile<1>(xr, xs, KB, w, s, sq, KB, yr, ys); break;
+        }
+      }
+    }
+  });
+}
+
+// x (M, K) float/bf16; packed = pack_q4 of (N, K) codes -> (M, N) in x's dtype
+Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w4a8: (M, K) CPU rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_w4a8: float or bf16 rows");
+  check_input(packed, "linear_w4a8: packed", at::kByte, 3);
+  const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), KB = packed.size(1), Kp = KB * kQBlock;
+  TORCH_CHECK((K + kQBlock - 1) / kQBlock == KB && packed.size(2) == kQ4Bytes && N >= 0 && N <= NBk * kBlock,
+              "linear_w4a8: x does not match the packed weight");
+  const QuantizedRows& q = quantized_rows(x, Kp, KB);
+  thread_local std::vector<float> sxq;
+  sxq.resize(M * KB);
+  for (int64_t i = 0; i < M * KB; ++i) sxq[i] = q.sx[i] * static_cast<float>(q.xc[i] / 128);  // scale x block sum
+  Tensor y = at::empty({M, NBk * kBlock}, x.options());
+  const uint8_t* W = packed.data_ptr<uint8_t>();
+  if (x.scalar_type() == at::kFloat)
+    w4a8_run<float>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<float>(), NBk);
+  else
+    w4a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
+  return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
+}
