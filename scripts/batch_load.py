@@ -144,7 +144,7 @@ def main() -> int:
     prompts = spec_bench_prompts(args.prompts, args.requests)
     import torch
 
-    from quickdraft.costs.host import cpu_model
+    from quickdraft.host import cpu_model
 
     host = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, {platform.machine()}"
     report = {"host": host, "max_tokens": args.max_tokens, "server_args": extra, "configs": {}}

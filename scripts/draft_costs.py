@@ -17,9 +17,9 @@ import statistics
 
 import torch
 
-from quickdraft.costs.host import cpu_model
 from quickdraft.costs.timing import step_seconds
 from quickdraft.drafters import make_drafter
+from quickdraft.host import cpu_model
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
 

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from quickdraft.bench.runner import machine_info
-from quickdraft.costs.host import median_seconds
+from quickdraft.host import median_seconds
 from quickdraft.runtime import kernels
 from quickdraft.weights.quant import w8a8_linear
 from quickdraft.weights.w4a8 import w4a8_linear

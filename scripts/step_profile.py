@@ -15,7 +15,7 @@ import json
 import torch
 
 from quickdraft.bench.runner import machine_info
-from quickdraft.costs.host import median_seconds
+from quickdraft.host import median_seconds
 from quickdraft.runtime import kernels
 from quickdraft.runtime.linear import packing
 from quickdraft.runtime.target import load_target

@@ -87,6 +87,50 @@ def test_type_checking_imports_count(tmp_path, monkeypatch):  # negative control
     assert find_cycle(import_graph()) == ["quickdraft.a", "quickdraft.b", "quickdraft.a"]
 
 
+# The house's floors, top-down (a module imports only from its own floor or below): cli ->
+# server/bench/training -> engine -> options -> decoding -> drafters -> costs -> verifiers/runtime ->
+# weights -> config -> the ground floor (host plumbing, errors, types).
+FLOORS = {
+    "cli": 0,
+    "server": 1, "bench": 1, "training": 1, "export": 1, "flags": 1,
+    "engine": 2,
+    "options": 3,
+    "decoding": 4,
+    "drafters": 5, "models": 5,
+    "costs": 6,
+    "verifiers": 7, "runtime": 7, "sampling": 7,
+    "weights": 8,
+    "config": 9, "prompts": 9,
+    "host": 10, "errors": 10, "types": 10,
+}  # fmt: skip
+# arrows up still in the house (issue #48: the quantized linears' kernel calls move to runtime/); none new
+KNOWN_UP = {
+    ("quickdraft.weights.quant", "quickdraft.runtime.kernels"),
+    ("quickdraft.weights.w4a8", "quickdraft.runtime.kernels"),
+}
+
+
+def arrows_up(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) pairs where a module imports from a floor above its own."""
+
+    def floor(module: str) -> int:
+        room = module.split(".")[1]
+        assert room in FLOORS, f"{module}: a room with no floor (add it to FLOORS)"
+        return FLOORS[room]
+
+    return {(a, b) for a, deps in graph.items() if a != "quickdraft" for b in deps if floor(b) < floor(a)}
+
+
+def test_nothing_imports_from_a_floor_above_it():
+    assert arrows_up(import_graph()) - KNOWN_UP == set()
+
+
+def test_an_arrow_up_is_found():  # negative control
+    graph = {k: set(v) for k, v in import_graph().items()}
+    graph["quickdraft.runtime.linear"].add("quickdraft.costs.cost_curve")
+    assert ("quickdraft.runtime.linear", "quickdraft.costs.cost_curve") in arrows_up(graph)
+
+
 def test_the_cycle_finder_finds_a_planted_cycle():  # negative control
     graph = import_graph()
     graph["quickdraft.weights.loading"] = graph["quickdraft.weights.loading"] | {"quickdraft.engine"}

@@ -24,7 +24,7 @@ from pathlib import Path
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.bench.peer_process import ChildPeer
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.default import cache_dir
+from quickdraft.host import cache_dir
 from quickdraft.weights.loading import LoadedModel
 
 KEYS = ("quantize", "lookup")

@@ -22,8 +22,8 @@ from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.bench.peer_process import PeerCrashed
-from quickdraft.costs.host import cpu_fields, cpu_model
 from quickdraft.errors import QuickdraftError
+from quickdraft.host import cpu_fields, cpu_model
 from quickdraft.prompts import PromptCodec
 from quickdraft.weights.loading import LoadedModel, load_model
 

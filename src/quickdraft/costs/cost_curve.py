@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from quickdraft.costs.host import cpu_model, kept, safe_name
+from quickdraft.host import cpu_model, kept, safe_name
 
 WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # rows: budget + 1 for the budgets of the gain tables
 _MEMO: dict[str, object] = {}
@@ -64,7 +64,7 @@ def _persisted(key: str, persist: bool, measure, encode, decode):
     """A measurement memoised per process under `key`, and in the cache folder when `persist`."""
     if key not in _MEMO:
         if persist:
-            from quickdraft.weights.default import cache_dir
+            from quickdraft.host import cache_dir
 
             _MEMO[key] = kept(cache_dir() / "costs" / f"{key}.json", measure, encode, decode)
         else:

@@ -66,7 +66,7 @@ def read_meta(folder: Path) -> dict:
 
 
 def index_dir(meta: dict) -> Path:
-    from quickdraft.weights.default import cache_dir
+    from quickdraft.host import cache_dir
 
     return cache_dir() / "suffix" / meta["sha256"][:32]
 

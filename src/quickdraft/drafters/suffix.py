@@ -185,7 +185,7 @@ class SuffixDrafter(Drafter):
         """Median seconds of a 16-node lookup after a 256-token context: a slice of the datastore (real
         matches), else a synthetic text (the request's own matches only). Measured between generations;
         the request state is kept."""
-        from quickdraft.costs.host import median_seconds
+        from quickdraft.host import median_seconds
 
         tokens = self.index.tokens if self.index is not None and len(self.index) > 2048 else None
         context = (tokens[1024:1280] if tokens is not None else np.arange(256) % 37 + 5).tolist()

@@ -22,7 +22,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from quickdraft.costs.host import cpu_model, kept, median_seconds, safe_name
+from quickdraft.host import cpu_model, kept, median_seconds, safe_name
 from quickdraft.runtime import kernels
 from quickdraft.weights.quant import concat_rows  # the quantized kinds know their own layout
 
@@ -101,10 +101,10 @@ def _measure(shape: tuple[int, int], candidates: list[str]) -> str | None:
 
 def _kept(shape: tuple[int, int], candidates: list[str], measure) -> str | None:
     """The choice kept for this host (CPU, threads, torch, the fused kernels' build) in the cache
-    folder (`costs.host.kept`), `measure()`d and written the first time or when the kept one is no
+    folder (`host.kept`), `measure()`d and written the first time or when the kept one is no
     longer available. Delete `costs/packing-*.json` there to measure again, or force a kernel with
     QUICKDRAFT_PACKED_LINEAR."""
-    from quickdraft.weights.default import cache_dir
+    from quickdraft.host import cache_dir
 
     fused = kernels.build_dir().name if kernels.fused_ops() is not None else "none"
     raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"

@@ -19,13 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.host import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft"))
 
 
 def default_model_dir() -> Path:

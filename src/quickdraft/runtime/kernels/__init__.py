@@ -41,9 +41,8 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.costs.host import cpu_fields
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.default import cache_dir
+from quickdraft.host import cache_dir, cpu_fields
 
 SOURCE = Path(__file__).with_name("fused.cpp")  # the translation unit; it includes the parts (*.h) beside it
 NAME = "quickdraft_fused"

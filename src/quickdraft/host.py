@@ -1,8 +1,9 @@
-"""The host: its CPU (model name, flags) read once, and the median timer of what is measured on it.
+"""The host: its CPU (model name, flags) read once, the cache folder, measurements kept there, and the
+median timer of what is measured on it.
 
-At the bottom of the models package (it imports nothing of quickdraft's), so the runtime's kernel
-choices (`linear.packing`, the fused kernels' build key) and the cost measurements share one reader of
-/proc/cpuinfo and one timer.
+On the ground floor (it imports nothing of quickdraft's), so the runtime's kernel choices
+(`linear.packing`, the fused kernels' level and build key), the cost models above it and the weights'
+conversions below it share one reader of /proc/cpuinfo, one cache folder and one timer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """The quickdraft cache folder: `QUICKDRAFT_CACHE`, else ~/.cache/quickdraft."""
+    return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft"))
 
 
 @functools.cache
