@@ -118,3 +118,11 @@ def bonus_from_wrong_position(draft_tokens, q_probs, p_probs, generator) -> Verd
         if int(v.num_accepted[b]) == k and k > 0:
             v.next_tokens[b] = sample(p_probs[b, k - 1], generator)
     return v
+
+
+def verify_tree_greedy(tree, p_rows: torch.Tensor) -> tuple[list[int], int]:
+    """The greedy tree rule from whole rows: (accepted node path, next token) by argmax of p_rows
+    ((n+1, V) target rows, probs or logits), through the library's `follow_greedy`."""
+    from quickdraft.verifiers.tree import follow_greedy
+
+    return follow_greedy(tree, p_rows.argmax(-1).tolist())

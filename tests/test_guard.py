@@ -7,7 +7,7 @@ import torch
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, collect
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.tree import TreeDecoder
+from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.runtime.native_cache import NativeCachedModel
@@ -58,9 +58,9 @@ def _run(decoder, prompt, n=40):
 def test_the_guard_keeps_plain_decodings_output_and_says_how_many_rounds_were_plain():
     target = tiny_llama(dtype=torch.float64)
     plain = Autoregressive(NativeCachedModel(target.model))
-    losing = TreeDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
+    losing = SpeculativeDecoder.tree(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
     losing.guard = DraftGuard(lambda rows, nodes: 50.0, window=2, pause=4)  # drafting never pays
-    paying = TreeDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
+    paying = SpeculativeDecoder.tree(NativeCachedModel(target.model), PromptLookupDrafter(), TreeShape(4, width=1))
     paying.guard = DraftGuard(lambda rows, nodes: 1.0, window=2, pause=4)  # a free forward always pays
     prompt = [5, 9, 13, 5, 9, 13, 5, 9]
     want = _run(plain, prompt).token_ids

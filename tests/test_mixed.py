@@ -12,7 +12,7 @@ from test_tree import MarkovTree
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.decoding.tree import TreeDecoder
+from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import Drafter, ModelDrafter, make_drafter
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.mixed import MixedTreeDrafter, tree_paths
@@ -85,7 +85,9 @@ N = 5000
 
 def _mixed_samples(p, q, mixer_cls=MixedTreeDrafter, length=5, prompt=(0, 1, 2)):
     mixed = mixer_cls(SuffixDrafter(walk_index(p, 600, 11)), ModelDrafter(MarkovTree(q)), min_match=5)
-    out, nodes, _ = sample_generations(TreeDecoder(MarkovTree(p), mixed, TreeShape(5, width=2)), prompt, length, N)
+    out, nodes, _ = sample_generations(
+        SpeculativeDecoder.tree(MarkovTree(p), mixed, TreeShape(5, width=2)), prompt, length, N
+    )
     assert nodes > N
     return out, mixed.rounds_by_source
 

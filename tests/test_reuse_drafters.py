@@ -14,7 +14,6 @@ from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
-from quickdraft.decoding.tree import TreeDecoder
 from quickdraft.drafters import FallbackDrafter, PromptLookupDrafter, ngram_drafter
 from quickdraft.drafters.base import FEATURES
 from quickdraft.drafters.block import BlockDrafterRunner
@@ -199,7 +198,7 @@ def test_sampling_has_the_target_law(kind, broken):
 
 @pytest.mark.parametrize("shape", [TreeShape(8, 3), TreeShape(12, 4, (3, 2, 1))])
 def test_head_tree_greedy_equals_plain_decoding(target, trained, shape):
-    decoder = TreeDecoder(NativeCachedModel(target.model), make_drafter("head", trained), shape)
+    decoder = SpeculativeDecoder.tree(NativeCachedModel(target.model), make_drafter("head", trained), shape)
     res = run(decoder)
     assert res.token_ids == plain(target)
     assert res.stats.num_accepted_draft_tokens > 0 and res.stats.extra["tree_nodes"] > 0
@@ -207,7 +206,7 @@ def test_head_tree_greedy_equals_plain_decoding(target, trained, shape):
 
 def test_kangaroo_has_no_trees(target, trained):
     with pytest.raises(QuickdraftError, match="cannot draft trees"):
-        TreeDecoder(NativeCachedModel(target.model), make_drafter("kangaroo", trained), TreeShape(4, 2))
+        SpeculativeDecoder.tree(NativeCachedModel(target.model), make_drafter("kangaroo", trained), TreeShape(4, 2))
 
 
 @pytest.mark.slow
@@ -218,7 +217,7 @@ def test_head_tree_sampling_has_the_target_law():
     from test_real_distribution import PROMPT as LAW_PROMPT
 
     target = law_models()[0]
-    decoder = TreeDecoder(NativeCachedModel(target.model), random_reusing("head", target), TreeShape(4, 2))
+    decoder = SpeculativeDecoder.tree(NativeCachedModel(target.model), random_reusing("head", target), TreeShape(4, 2))
     counts: dict[tuple[int, ...], int] = {}
     rejected = 0
     for i in range(N):
@@ -290,7 +289,7 @@ def test_the_decoder_hands_over_exactly_the_committed_rows(target, tree):
     spy = Spy()
     owner = NativeCachedModel(target.model)
     if tree:
-        decoder = TreeDecoder(owner, spy, TreeShape(tree, width=2))
+        decoder = SpeculativeDecoder.tree(owner, spy, TreeShape(tree, width=2))
     else:
         decoder = SpeculativeDecoder(owner, spy, make_verifier(None, GREEDY), lambda: make_draft_policy(DraftConfig(4)))
     out = run(decoder, 40)

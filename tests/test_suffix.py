@@ -18,7 +18,7 @@ from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
 from quickdraft.decoding import round as tree_decoding  # the one round loop verifies trees there
-from quickdraft.decoding.tree import TreeDecoder
+from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import make_drafter
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.datastore import load_datastore, save_datastore
@@ -231,7 +231,7 @@ def sample_generations(decoder, prompt, length: int, n: int = N) -> tuple[list[l
 
 
 def _suffix_tree_samples(p, shape, length, prompt, seed_text=7):
-    decoder = TreeDecoder(MarkovTree(p), SuffixDrafter(walk_index(p, 3000, seed_text)), shape)
+    decoder = SpeculativeDecoder.tree(MarkovTree(p), SuffixDrafter(walk_index(p, 3000, seed_text)), shape)
     out, nodes, accepted = sample_generations(decoder, prompt, length)
     assert nodes > N and accepted > 0.1 * N  # trees were drafted and accepted
     return out

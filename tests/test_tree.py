@@ -11,14 +11,15 @@ from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
 from quickdraft.decoding import round as tree_decoding  # the one round loop verifies trees there
-from quickdraft.decoding.tree import TreeDecoder
+from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape, _draw_children, lookup_tree
 from quickdraft.options import options_from
 from quickdraft.sampling import residual, sample
-from quickdraft.verifiers.tree import TokenTree, verify_tree_greedy, verify_tree_sampling
+from quickdraft.verifiers.tree import TokenTree, verify_tree_sampling
 
 from conftest import MarkovModel, random_transition, tiny_llama
+from oracles import verify_tree_greedy
 
 V = 6
 
@@ -133,7 +134,7 @@ N = 5000
 
 def _markov_tree_samples(p, q, shape, length, sampling, drafter="model", prompt=(0,)):
     d = ModelDrafter(MarkovTree(q)) if drafter == "model" else PromptLookupDrafter(max_ngram=2)
-    decoder = TreeDecoder(MarkovTree(p), d, shape)
+    decoder = SpeculativeDecoder.tree(MarkovTree(p), d, shape)
     out, nodes = [], 0
     for i in range(N):
         res = collect(decoder.rounds(list(prompt), sampling, length, Generators.from_seed(i)), StopConfig(length))

@@ -117,12 +117,11 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
     if budget > 0:
         if parts.config.verifier not in (None, "greedy" if sampling.greedy else "speculative"):
             raise QuickdraftError("token trees verify with the lossless rule only; drop --verifier")
-        from quickdraft.decoding.tree import TreeDecoder
         from quickdraft.drafters.tree import TreeShape
 
         width = draft.tree_width if draft.tree is not None else auto_width(parts, budget)
         shape = TreeShape(budget, width, draft.tree_widths)
-        return with_guard(TreeDecoder(parts.target, parts.drafter, shape, events), parts, False, sampling)
+        return with_guard(SpeculativeDecoder.tree(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
     decoder = SpeculativeDecoder(
         parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events

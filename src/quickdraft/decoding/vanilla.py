@@ -32,6 +32,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.target import Target
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
+from quickdraft.verifiers.base import TreeRule
 
 
 class SpeculativeDecoder:
@@ -67,6 +68,15 @@ class SpeculativeDecoder:
         self.lossy = verifier.lossy
         self.handoff = StateHandoff.of(drafter, target)
         self.guard: DraftGuard | None = None  # drops to plain rounds while drafting loses (auto trees)
+
+    @classmethod
+    def tree(
+        cls, target: Target, drafter: Drafter, shape: TreeShape, events: dict[str, int] | None = None
+    ) -> SpeculativeDecoder:
+        """Tree speculative decoding (`--draft-tree N`): a tree of `shape` drafted each round and
+        verified in one forward by the lossless tree rules (native runtime: depth positions and the
+        tree's mask, then the cache compacted to the accepted path)."""
+        return cls(target, drafter, TreeRule(), None, events, shape=shape)
 
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators

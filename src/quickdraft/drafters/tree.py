@@ -1,4 +1,5 @@
-"""Drafting token trees: several continuations per round, verified together (decoding/tree.py).
+"""Drafting token trees: several continuations per round, verified together
+(`SpeculativeDecoder.tree`, decoding/vanilla.py).
 
 Model drafters grow the tree level by level, one draft forward per level over all of that level's
 new nodes (a tree attention mask, positions by depth; the native runtime). Two shapes:

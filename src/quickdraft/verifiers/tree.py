@@ -130,11 +130,6 @@ class TokenTree:
         return path
 
 
-def verify_tree_greedy(tree: TokenTree, p_rows: torch.Tensor) -> tuple[list[int], int]:
-    """(accepted node path, next token) by argmax. p_rows: (n+1, V) target rows (probs or logits)."""
-    return follow_greedy(tree, p_rows.argmax(-1).tolist())
-
-
 def follow_greedy(tree: TokenTree, best: list[int]) -> tuple[list[int], int]:
     """(accepted node path, next token) given the target's argmax at the root and after each node
     ((n+1,) ids: read from the device once per round, for every row of a batch at once)."""
