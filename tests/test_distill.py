@@ -93,6 +93,23 @@ def test_unknown_or_bad_divergences_are_refused():
             make_divergence(bad)
 
 
+def test_one_parser_reads_a_divergence_for_both_trainers():
+    """The live trainer and the cached top-k trainer read the spec through one parser
+    (`losses.parse_divergence`): the same names, betas and errors; the cache refuses only rkl."""
+    from quickdraft.training.cache import parse_topk_divergence
+    from quickdraft.training.losses import parse_divergence
+
+    assert parse_divergence("jsd:0.9") == parse_topk_divergence("jsd:0.9") == ("jsd", 0.9)
+    assert parse_divergence("jsd") == ("jsd", 0.5) and parse_divergence("tvd") == ("tvd", 0.5)
+    for bad in ("jsd:1.5", "jsd:x", "kl"):
+        for parse in (parse_divergence, parse_topk_divergence):
+            with pytest.raises(QuickdraftError, match="jsd beta|unknown divergence"):
+                parse(bad)
+    assert parse_divergence("rkl") == ("rkl", 0.5)
+    with pytest.raises(QuickdraftError, match="cached top k"):
+        parse_topk_divergence("rkl")
+
+
 def test_loss_uses_the_same_processing_for_p_and_q():
     g = torch.Generator().manual_seed(0)
     p_logits = torch.randn(6, 30, generator=g)

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.training.data import Batch, Example, FixedData, Sampled, _response_scored, collate
+from quickdraft.training.losses import parse_divergence
 from quickdraft.training.scoring import scored_logits
 
 CACHE_META = "cache.json"
@@ -217,18 +218,12 @@ class CachedData:
 
 def parse_topk_divergence(divergence: str) -> tuple[str, float]:
     """'fkl' | 'tvd' | 'jsd[:BETA]' -> (name, beta); other divergences cannot use a cached top k."""
-    name, _, arg = divergence.partition(":")
-    if name not in ("fkl", "tvd", "jsd") or (arg and name != "jsd"):
+    name, beta = parse_divergence(divergence)
+    if name not in ("fkl", "tvd", "jsd"):
         raise QuickdraftError(
             f"divergence {divergence!r} cannot be trained on a cached top k: use fkl, jsd[:BETA] or tvd "
             "(KL(q || p_k) is infinite)"
         )
-    try:
-        beta = float(arg) if arg else 0.5
-    except ValueError:
-        raise QuickdraftError(f"jsd beta must be a number, got {arg!r}") from None
-    if not 0 < beta < 1:
-        raise QuickdraftError(f"jsd beta must be in (0, 1), got {beta}")
     return name, beta
 
 

@@ -90,24 +90,29 @@ def acceptance(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
 Divergence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def make_divergence(name: str) -> Divergence:
-    """Pick a divergence by name: fkl, rkl, tvd, jsd (beta 0.5) or jsd:BETA."""
-    key, _, arg = name.partition(":")
-    if key == "fkl" and not arg:
-        return fkl
-    if key == "rkl" and not arg:
-        return rkl
-    if key == "tvd" and not arg:
-        return tvd
-    if key == "jsd":
+def parse_divergence(text: str) -> tuple[str, float]:
+    """The one parser of a divergence spec: fkl, rkl, tvd, jsd (beta 0.5) or jsd:BETA -> (name, beta)
+    (beta is 0.5 and unused for the others); a bad name or beta is refused by name."""
+    name, _, arg = text.partition(":")
+    if name in ("fkl", "rkl", "tvd") and not arg:
+        return name, 0.5
+    if name == "jsd":
         try:
             beta = float(arg) if arg else 0.5
         except ValueError:
             raise QuickdraftError(f"jsd beta must be a number, got {arg!r}") from None
         if not 0 < beta < 1:
             raise QuickdraftError(f"jsd beta must be in (0, 1), got {beta}")
+        return name, beta
+    raise QuickdraftError(f"unknown divergence {text!r}; choose fkl (KL(p||q)), rkl (KL(q||p)), jsd[:BETA] or tvd")
+
+
+def make_divergence(text: str) -> Divergence:
+    """Pick a divergence by its spec (`parse_divergence`)."""
+    name, beta = parse_divergence(text)
+    if name == "jsd":
         return lambda lp, lq: jsd(lp, lq, beta)
-    raise QuickdraftError(f"unknown divergence {name!r}; choose fkl (KL(p||q)), rkl (KL(q||p)), jsd[:BETA] or tvd")
+    return {"fkl": fkl, "rkl": rkl, "tvd": tvd}[name]
 
 
 def distill_loss(
