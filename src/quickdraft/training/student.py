@@ -5,25 +5,23 @@ final norm and the tied embedding/LM head, which stay frozen) or from a small co
 target's architecture and vocabulary (``small:layers=N,hidden=H,intermediate=I,heads=A,kv_heads=K``,
 randomly initialised, everything trained).
 
-A distilled truncated student is shipped as a delta (`save_delta`; the format and its reader,
-`load_delta`, live in `models/delta.py`).
+A distilled truncated student is shipped as a delta (`save_delta`; the format, its writer and reader,
+`write_delta` and `load_delta`, live in `weights/delta.py`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.delta import DELTA_HEAD, DELTA_META, DELTA_WEIGHTS
+from quickdraft.weights.delta import write_delta
 from quickdraft.weights.loading import LoadedModel, truncated_copy
 
 
@@ -114,10 +112,8 @@ def save_delta(
     """
     if not student.init.startswith("truncated:"):
         raise QuickdraftError("only truncated students ship as a delta; save a small student as a full folder")
-    folder.mkdir(parents=True, exist_ok=True)
     params = dict(student.model.named_parameters())
-    tensors = {n: params[n].detach().to(dtype).contiguous() for n in student.trainable}
-    save_file(tensors, str(folder / DELTA_WEIGHTS))
+    tensors = {n: params[n].detach().to(dtype) for n in student.trainable}
     cfg = student.model.config
     full = {
         "init": student.init,
@@ -127,10 +123,4 @@ def save_delta(
         "model_type": cfg.model_type,
         **meta,
     }
-    if head_ids is not None:
-        save_file({"head_ids": head_ids.to(torch.int64).contiguous()}, str(folder / DELTA_HEAD))
-        full["head_vocab"] = int(head_ids.numel())
-    else:
-        (folder / DELTA_HEAD).unlink(missing_ok=True)
-    (folder / DELTA_META).write_text(json.dumps(full, indent=2) + "\n")
-    return folder
+    return write_delta(folder, tensors, full, head_ids)

@@ -2,8 +2,9 @@
 
 A distilled truncated draft is stored as only its trained tensors (`draft_delta.safetensors`), an
 optional restricted-head id list (`head_ids.safetensors`) and a JSON naming the target it belongs to
-(`distilled.json`); `load_delta` rebuilds the full draft from the target. Training writes it
-(`distill/student.py`); inference only reads it, so inference never imports training code.
+(`distilled.json`); `load_delta` rebuilds the full draft from the target. The format's writer
+(`write_delta`) and reader (`load_delta`) live here together; training calls the writer
+(`training/student.save_delta`), so inference never imports training code.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights import weight_files
@@ -23,6 +24,22 @@ DELTA_META = "distilled.json"
 DELTA_HEAD = "head_ids.safetensors"
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "distilled"
 SHIPPED_FOR = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
+
+
+def write_delta(folder: Path, tensors: dict[str, torch.Tensor], meta: dict, head_ids: torch.Tensor | None) -> Path:
+    """Write a delta: the trained `tensors` (name -> tensor, as the draft model names them), the JSON
+    `meta` (the student's init and shape and what trained it: `load_delta` reads it) and the optional
+    (K,) restricted-head ids (None: a full head; a stale list is removed). Returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(folder / DELTA_WEIGHTS))
+    meta = dict(meta)
+    if head_ids is not None:
+        save_file({"head_ids": head_ids.to(torch.int64).contiguous()}, str(folder / DELTA_HEAD))
+        meta["head_vocab"] = int(head_ids.numel())
+    else:
+        (folder / DELTA_HEAD).unlink(missing_ok=True)
+    (folder / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return folder
 
 
 def shipped_delta_dir(target: LoadedModel) -> Path:
