@@ -113,6 +113,30 @@ def test_the_bench_goes_on_without_a_peer_that_died(monkeypatch, tiny_model_dir,
     assert "failed" in json.loads((out / "results.json").read_text())
 
 
+class _Lookup(_Crashing):
+    """A method compared with a plain peer: it must never run once it was dropped (and closed)."""
+
+    def run(self, prompt_ids, max_new_tokens):
+        assert not self.closed, "a dropped method ran after it was closed"
+        return super().run(prompt_ids, max_new_tokens)
+
+
+def test_the_bench_does_not_run_a_method_whose_reference_died_this_round(
+    monkeypatch, tiny_model_dir, prompt_file, tmp_path
+):
+    real = runner.build_method
+    plain, lookup = _Crashing(2), _Lookup(10**6)
+    fakes = {"llama-cpp:quantize=gguf": plain, "llama-cpp:lookup=2": lookup}
+    monkeypatch.setattr(runner, "build_method", lambda spec, *a, **k: fakes.get(spec.text) or real(spec, *a, **k))
+    cfg = BenchConfig(
+        methods="ar,llama-cpp:lookup=2", prompts=prompt_file, max_new_tokens=8, runs=1,
+        target=tiny_model_dir, dtype="float32", out=str(tmp_path / "out"),
+    )  # fmt: skip
+    summary = run_bench(cfg, progress=False)
+    assert set(summary["methods"]) == {"ar"} and lookup.closed and plain.closed
+    assert "its plain reference llama-cpp:quantize=gguf died" in summary["failed"]["llama-cpp:lookup=2"]
+
+
 def test_a_dead_plain_reference_drops_what_compares_with_it():
     failures = runner.Failures(
         {"ar": True, "llama-cpp:quantize=gguf": True, "llama-cpp:lookup=2": False},

@@ -122,6 +122,8 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     for text, m in list(methods.items()):  # warm-up, not recorded
+        if text not in methods:  # dropped this loop: its plain reference died
+            continue
         with failed.guard(text, methods):
             m.run(prompt_ids[records[0].question_id], min(8, config.max_new_tokens))
 
@@ -133,10 +135,12 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
             for rec in records:
                 ids = prompt_ids[rec.question_id]
                 for text, method in list(methods.items()):
+                    if text not in methods:  # dropped this round (closed): its plain reference died
+                        continue
                     res = None
                     with failed.guard(text, methods):
                         res = method.run(ids, config.max_new_tokens)
-                    if res is None or text not in methods:
+                    if res is None:
                         continue
                     weights = weights_of[text]
                     if plain[text]:
