@@ -72,6 +72,26 @@ def tiny_llama(
     return LoadedModel(model=model, tokenizer=tokenizer, name=f"tiny-{seed}")
 
 
+def tiny_qwen2(vocab: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0, dtype=torch.float32) -> LoadedModel:
+    """A random Qwen2 (a Llama block with q/k/v biases, drawn non-zero: its init zeroes them), untied head."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.3,
+        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("proj.bias"):
+                p.normal_(0, 0.3)
+    model = model.to(dtype)
+    model.generation_config.eos_token_id = None
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-qwen2-{seed}")
+
+
 def noisy_copy(target: LoadedModel, noise: float, seed: int = 1) -> LoadedModel:
     """A draft that agrees with the target part of the time: its weights plus Gaussian noise."""
     draft = copy.deepcopy(target.model)

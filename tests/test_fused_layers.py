@@ -11,7 +11,7 @@ from quickdraft.runtime.fused_layers import LayerKernels, kernel_form
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.weights.quantized import quantize_model
 
-from conftest import tiny_llama
+from conftest import tiny_llama, tiny_qwen2
 
 needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="the fused kernels could not be built here")
 
@@ -38,14 +38,23 @@ def _run(owner: NativeCachedModel) -> list[torch.Tensor]:
 
 @needs_ops
 @pytest.mark.parametrize(
-    "dtype, quantize",
-    [(torch.bfloat16, "none"), (torch.float32, "w8a8"), (torch.float32, "w4a8"), (torch.bfloat16, "w4a8")],
+    "family, dtype, quantize",
+    [
+        ("llama", torch.bfloat16, "none"),
+        ("llama", torch.float32, "w8a8"),
+        ("llama", torch.float32, "w4a8"),
+        ("llama", torch.bfloat16, "w4a8"),
+        ("qwen2", torch.bfloat16, "none"),  # q/k/v biases inside the call
+        ("qwen2", torch.bfloat16, "w4a8"),
+    ],
 )
-def test_one_call_equals_the_layer_by_layer_kernels(dtype, quantize, monkeypatch):
+def test_one_call_equals_the_layer_by_layer_kernels(family, dtype, quantize, monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
-    target = tiny_llama(dtype=dtype, layers=3, hidden=64)
+    target = (tiny_llama if family == "llama" else tiny_qwen2)(dtype=dtype, layers=3, hidden=64)
     fast = _owner(target, quantize)
     assert all(layer is not None for layer in fast.net.kernel_layers.layers)  # every block takes the call
+    if family == "qwen2":
+        assert all(layer[2].numel() > 0 for layer in fast.net.kernel_layers.layers)  # with its bias
     calls = []
     real = LayerKernels.__call__
     monkeypatch.setattr(LayerKernels, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
@@ -65,3 +74,29 @@ def test_linears_the_call_cannot_take_stay_in_python(monkeypatch):
     assert kernel_form(owner.net.layers[0].wo) is None
     assert owner.net.kernel_layers.layers == [None, None]
     assert owner.extend([1, 2, 3]).shape[0] == 3
+
+
+@needs_ops
+def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
+    """A Q4_K_M file's v is Q6_K (w8a8) beside Q4_K q and k (w4a8): the three cannot be one linear, and
+    the call runs them side by side, the same bits as the Python path's concatenation."""
+    from quickdraft.weights.quant import w8a8_linear
+    from quickdraft.weights.w4a8 import w4a8_linear
+
+    target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=64)
+    params = dict(target.model.named_parameters())
+    mixed = {}
+    for name, p in params.items():
+        if name.endswith("proj.weight"):
+            mixed[name] = (w8a8_linear if "v_proj" in name or "down_proj" in name else w4a8_linear)(p.detach().float())
+    fast = NativeCachedModel(target.model, linears=mixed)
+    assert [layer[1].__len__() for layer in fast.net.kernel_layers.layers] == [6, 6, 6]  # q, k, v, o, gate|up, down
+    calls = []
+    real = LayerKernels.__call__
+    monkeypatch.setattr(LayerKernels, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    got = _run(fast)
+    assert calls
+    monkeypatch.setattr(LayerKernels, "runs", lambda self, *a: False)
+    want = _run(NativeCachedModel(target.model, linears=mixed))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

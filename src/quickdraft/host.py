@@ -56,6 +56,17 @@ def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5)
     return statistics.median(times)
 
 
+def release_free_memory() -> None:
+    """Hand the allocator's free pages back to the system (glibc's malloc_trim), where there is one:
+    after a build that made and dropped large temporaries (a GGUF's dequantized tensors)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
 def safe_name(raw: str) -> str:
     """`raw` as a file name: runs of anything but letters, digits, `_`, `.` and `-` become `_`."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)

@@ -95,6 +95,13 @@ class Peer:
         return {"ok": True, "tokens": out, "wall_s": wall, "forwards": self.forwards, "drafts": self.drafts}
 
 
+    def argmax(self, tokens: list[int]) -> dict:
+        """Teacher-forced: the top-1 id after each prefix of `tokens` (a model loaded with logits_all)."""
+        self.llm.reset()
+        self.llm.eval(tokens)
+        return {"ok": True, "argmax": [int(i) for i in self.llm.scores[: len(tokens)].argmax(-1)]}
+
+
 def serve(requests, replies) -> None:
     """Answer `requests` (lines of JSON) on `replies` until "close" or the end of input."""
     peer = Peer()

@@ -37,6 +37,18 @@ def describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+CHILD_PEAKS: dict[str, int] = {}  # peer name -> the largest peak RSS (KiB) one of its processes reached
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A live process's peak resident memory (VmHWM, KiB); 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+    except (OSError, ValueError):
+        return 0
+
+
 class ChildPeer:
     """A worker script in its own process.
 
@@ -72,7 +84,8 @@ class ChildPeer:
         return reply
 
     def close(self) -> None:
-        """Ask the child to exit; kill it if it does not within 10 s."""
+        """Ask the child to exit; kill it if it does not within 10 s. Its peak RSS is kept (`CHILD_PEAKS`)."""
+        CHILD_PEAKS[self.name] = max(CHILD_PEAKS.get(self.name, 0), peak_rss_kib(self.proc.pid))
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")

@@ -63,6 +63,14 @@ def _quantized_note(summary: dict) -> list[str]:
 def _peer_notes(summary: dict) -> list[str]:
     """What died (a peer's process: its signal or exit) and which build each llama.cpp peer ran."""
     lines = []
+    if summary.get("peak_rss_mib"):
+        peak = summary["peak_rss_mib"]
+        lines += [
+            f"Peak memory (RSS): the bench {peak['bench']:,.0f} MiB"
+            + "".join(f", `{name}`'s process {mib:,.0f} MiB" for name, mib in peak["children"].items())
+            + f" (at most {peak['sum']:,.0f} MiB together).",
+            "",
+        ]
     if summary.get("failed"):
         lines += ["Methods that failed and were left out (the others ran on):", ""]
         lines += [f"- `{m}`: {why}" for m, why in summary["failed"].items()]

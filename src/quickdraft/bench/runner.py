@@ -112,6 +112,8 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     weights_of = {s.text: _weights(s, config.quantize) for s in specs}
     failed = Failures(plain, weights_of)
     methods = {}
+    # plain decoding of the bench's own weights first: every other row is compared with its output
+    specs = sorted(specs, key=lambda s: not (plain[s.text] and weights_of[s.text] == config.quantize))
     for s in specs:
         if s.text not in failed.reasons:
             with failed.guard(s.text, methods):
@@ -179,6 +181,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
         summary["peer_builds"] = builds
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
+    summary["peak_rss_mib"] = peak_rss_mib()
     summary["prompt_set"] = {
         "source": config.prompts,
         "num_prompts": len(records),
@@ -203,6 +206,18 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary
+
+
+def peak_rss_mib() -> dict[str, float]:
+    """Peak resident memory (MiB): this process's, each peer process's (llama.cpp: read before it
+    closed), and their sum (an upper bound on the peak of all together)."""
+    import resource
+
+    from quickdraft.bench.peer_process import CHILD_PEAKS
+
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    children = {name: round(kib / 1024) for name, kib in CHILD_PEAKS.items()}
+    return {"bench": round(me), "children": children, "sum": round(me + sum(children.values()))}
 
 
 class Failures:

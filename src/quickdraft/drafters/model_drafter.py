@@ -1,5 +1,6 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
-(`model:PATH`, any causal LM sharing the target's vocabulary), the target's first N layers
+(`model:PATH|NAME[;quant=MODE][;vocab=K]`, any causal LM sharing the target's vocabulary: a folder or
+a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the target's first N layers
 (`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
 (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`).
 
@@ -19,9 +20,9 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import int_arg, required_path
+from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import model_tree
-from quickdraft.drafters.vocab import restricted_head, split_vocab
+from quickdraft.drafters.vocab import restricted_head, split_options, split_vocab
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model
@@ -123,8 +124,60 @@ def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
     return resolve_dtype(dtype) if dtype else target.model.dtype
 
 
+MODEL_OPTIONS = ("quant", "vocab")
+
+
+def parse_model(arg: str | None) -> tuple[str, str | None, str | None]:
+    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH]` -> (path or name, quantize mode or None, vocab).
+    MODE is `--quantize`'s (none, w4a8, ...); None: w4a8 for a draft born from a GGUF (its own blocks),
+    none otherwise."""
+    from quickdraft.weights.quant import parse_quantize
+
+    path, options = split_options("model", arg, MODEL_OPTIONS)
+    if not path:
+        raise QuickdraftError("drafter 'model' needs a path or a model name: model:PATH")
+    quant = options.get("quant")
+    if quant is not None:
+        parse_quantize(quant)  # refused here, at the edge, with the modes named
+    return path, quant, options.get("vocab")
+
+
+_DRAFTS: dict[tuple[str, str], tuple] = {}  # (path, dtype) -> (weakref to the model, the LoadedModel's other fields)
+
+
+def shared_draft(path: str, dtype: str) -> LoadedModel:
+    """The draft model at `path` in `dtype`, loaded once while anything still holds it (the bench's
+    methods drafting with one model share its weights and their quantized forms)."""
+    import dataclasses
+    import weakref
+
+    held = _DRAFTS.get((path, dtype))
+    model = held[0]() if held is not None else None
+    if model is not None:
+        return LoadedModel(model, **held[1])
+    draft = load_model(path, dtype)
+    rest = {f.name: getattr(draft, f.name) for f in dataclasses.fields(draft) if f.name not in ("model", "head_ids")}
+    _DRAFTS[(path, dtype)] = (weakref.ref(draft.model), rest)
+    return draft
+
+
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
-    return model_drafter(load_model(spec.arg, dtype), target, str(spec), runtime)
+    """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
+    from quickdraft.weights.quant import check_dtype, parse_quantize
+    from quickdraft.weights.quantized import quantize_model
+
+    path, quant, vocab = parse_model(spec.arg)
+    draft = shared_draft(path, dtype)
+    mode = parse_quantize(quant or ("w4a8" if draft.gguf is not None and runtime != "hf" else "none"))
+    draft.head_ids = restricted_head(target, vocab)
+    if not mode.active:
+        return model_drafter(draft, target, str(spec), runtime)
+    if runtime == "hf":
+        raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
+    check_dtype(draft.model.dtype, f"drafter {spec}")
+    vocab_size = check_vocab(target, draft)
+    linears = quantize_model(draft, mode).linears
+    return ModelDrafter(cached_model(draft.model, vocab_size, draft.head_ids, "native", linears), name=str(spec))
 
 
 def parse_truncated(arg: str | None) -> int:
@@ -163,7 +216,7 @@ def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
 def _export_model(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
     return {
         "method": "draft_model",
-        "model": str(Path(spec.arg).expanduser().resolve()),
+        "model": str(Path(parse_model(spec.arg)[0]).expanduser().resolve()),
         "num_speculative_tokens": num_draft_tokens,
     }
 
@@ -180,10 +233,11 @@ def _export_truncated(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str |
 
 MODEL = DrafterKind(
     name="model",
-    usage="model:PATH",
-    summary="an independent draft model folder sharing the target's vocabulary",
+    usage="model:PATH|NAME[;quant=MODE][;vocab=K]",
+    summary="an independent draft model sharing the target's vocabulary (a folder or a named one, e.g. "
+    "qwen2.5-coder-0.5b: its GGUF's blocks as w4a8 unless ;quant=none)",
     build=_model,
-    check_arg=required_path("model"),
+    check_arg=parse_model,
     drafts_trees=True,
     can_review=True,
     hf_model=True,

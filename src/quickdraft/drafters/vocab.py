@@ -25,7 +25,29 @@ from quickdraft.weights.delta import SHIPPED_FOR
 ASSETS = ALL_ASSETS / "vocab"
 RANKED = "ranked_ids.safetensors"
 # target name -> its ranking's folder under assets/vocab: the shipped drafts' targets, and Gemma
-VOCAB_FOR = {**SHIPPED_FOR, "gemma-3-270m": "gemma-3-270m"}
+VOCAB_FOR = {
+    **SHIPPED_FOR,
+    "gemma-3-270m": "gemma-3-270m",
+    "Qwen2.5-Coder-1.5B-Instruct": "qwen2.5-coder",  # one tokenizer for the pair
+    "Qwen2.5-Coder-0.5B-Instruct": "qwen2.5-coder",
+}
+
+
+def split_options(kind: str, arg: str | None, allowed: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
+    """(the kind's own argument, {option: value}) of `ARG[;KEY=VALUE]...` with KEY in `allowed`."""
+    if arg is None or ";" not in arg:
+        return arg, {}
+    main, *options = arg.split(";")
+    found: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if key not in allowed or not eq or not value or key in found:
+            names = ", ".join(f";{a}=..." for a in allowed)
+            raise QuickdraftError(f"drafter '{kind}:{arg}': bad option {option!r} (options: {names}, each once)")
+        found[key] = value
+    if found.get("vocab", "1").isdigit() and int(found.get("vocab", "1")) < 1:
+        raise QuickdraftError(f"drafter '{kind}:{arg}': vocab must be >= 1")
+    return main or None, found
 
 
 def split_vocab(kind: str, arg: str | None) -> tuple[str | None, str | None]:

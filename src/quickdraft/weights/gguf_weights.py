@@ -1,4 +1,4 @@
-"""A GGUF Llama's own quantized blocks as native-runtime linears, without a dequantize-requantize trip.
+"""A GGUF Llama's or Qwen2's own quantized blocks as native-runtime linears, without a round trip.
 
     Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact), or
                                                        w4a8 blocks: d, min -8 d
@@ -8,6 +8,14 @@
                                                         do not fit one scale per row), w8a8 blocks of
                                                         32 (the same grid), or left to the loaded
                                                         model's own float weight ("bf16")
+    Q4_K  256-weight super-blocks: d, dmin (fp16),  -> w4a8 blocks of 32: d sc_j and -dmin m_j (each
+          6-bit sc_j, m_j per 32: w = d sc_j q -          rounded once to fp16, the kernel's scale type:
+          dmin m_j                                        a relative 2^-11 at most), or int4 groups
+    Q5_0  d (fp16) + 32 5-bit codes: w = (q - 16) d -> int8 codes q - 16 with the block's scale d: w8a8
+                                                       blocks of 32 exactly, or int8 per channel
+    Q6_K  256-weight super-blocks, an int8 scale    -> 8-bit blocks of 32 (w8a8) re-rounded from the exact
+          per 16: w = d sc_j (q - 32)                     values (a 32-block's two scales differ): the
+                                                        one type not run exactly as stored
     F32 / F16 / BF16                                -> left to the loaded model's own float weight
 
 In float32 the int4 forms reproduce the GGUF's dequantized values exactly (tested on the `gguf`
@@ -15,7 +23,7 @@ package's own quantizer and on every linear of the default target; (q - 8) d + (
 once where q d + m does not, and did not there); with bf16 activations the kernel holds d and
 m + 8 d in bf16 (8 bits of mantissa against fp16's 11), which is where a bf16 run differs from the
 GGUF's own arithmetic. llama.cpp stores Llama's q and k rows permuted for its RoPE: the same row order
-transformers undoes is undone here (rows are independent, so exactly).
+transformers undoes is undone here (rows are independent, so exactly); Qwen2's are not permuted.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.quant import Int4Linear, int8_linear, w8a8_linear
+from quickdraft.weights.gguf_convert import PERMUTED, open_gguf, unpermute_rows
+from quickdraft.weights.quant import Int4Linear, W8A8Linear, int8_linear, w8a8_linear
 from quickdraft.weights.w4a8 import W4A8Linear
 
 _LAYER = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
@@ -84,10 +93,60 @@ def q8_0_blocks(raw: np.ndarray) -> torch.Tensor:
     return (q * d[..., None]).reshape(out, -1)
 
 
-def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
-    """(n_rows,) the row order that undoes llama.cpp's q/k permutation for `heads` heads."""
-    dim = n_rows // heads // 2
-    return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
+def q4_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K rows as 4-bit blocks of 32: w = q d' + m' with d' = d sc_j and m' = -dmin m_j.
+
+    Args:
+        raw: (out, super-blocks * 144) uint8: per 256 weights d, dmin (fp16), 12 bytes of eight 6-bit
+            scales and mins, 128 bytes of codes (each 64 weights: 32 low nibbles, then 32 high ones).
+
+    Returns:
+        (codes (out, in) uint8 0..15, d' and m' (out, in / 32) float32: exact products of fp16 and 6-bit values).
+    """
+    from gguf.quants import Q4_K
+
+    out = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(-1, 144)
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].view(np.float16).astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(blocks[:, 4:16])  # (n, 8) each
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    codes = torch.from_numpy((qs & 0x0F).reshape(out, -1))
+    scale = torch.from_numpy((d * sc.astype(np.float32)).reshape(out, -1))
+    low = torch.from_numpy((-dmin * mn.astype(np.float32)).reshape(out, -1))
+    return codes, scale, low
+
+
+def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 / Q5_0 rows as int8 codes and one scale per block of 32: w = q d exactly.
+
+    Args:
+        raw: (out, blocks * bytes) uint8 (Q8_0: d, 32 int8; Q5_0: d, 4 bytes of fifth bits, 16 of nibbles).
+
+    Returns:
+        (q (out, in) int8 in [-127, 127] (Q5_0: [-16, 15]), d (out, in / 32) float32).
+    """
+    from gguf.quants import dequantize
+    from gguf import GGMLQuantizationType
+
+    size = 34 if kind == "Q8_0" else 22
+    out = raw.shape[0]
+    d = np.ascontiguousarray(raw).reshape(out, -1, size)[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == "Q8_0":
+        q = np.ascontiguousarray(raw).reshape(out, -1, size)[..., 2:].copy().view(np.int8).reshape(out, -1)
+    else:  # the package's dequantized values over their block's scale: the codes, exactly (d = 0: codes 0)
+        w = dequantize(raw, GGMLQuantizationType.Q5_0).reshape(out, -1, 32)
+        safe = np.where(d == 0, 1.0, d)[..., None]
+        q = np.rint(w / safe).astype(np.int8).reshape(out, -1)
+    return torch.from_numpy(q.copy()), torch.from_numpy(d)
+
+
+def q6_k_values(raw: np.ndarray) -> torch.Tensor:
+    """Q6_K rows -> (out, in) float32, the GGUF's dequantized values (exact in float32)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q6_K), dtype=np.float32))
 
 
 def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
@@ -99,18 +158,18 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
             re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid) or
             "bf16" (left to the model's own weight).
-        q4: what Q4_0/Q4_1 tensors become: "int4" (aten's weight-only kernel) or "w4a8".
+        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8". Q5_0 and
+            Q6_K follow `q8` ("bf16" aside: they become int8 then).
 
     Returns:
         ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the
         loaded model (float types; Q8_0 as "bf16") are counted but not returned: the model was
         converted from this same file, so its weights hold the same values.
     """
-    from gguf import GGUFReader
-
     if q8 not in Q8_FORMS or q4 not in Q4_FORMS:
         raise QuickdraftError(f"GGUF forms {q8!r}, {q4!r}: choose from {', '.join(Q8_FORMS)} and {', '.join(Q4_FORMS)}")
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
+    permuted = config.model_type in PERMUTED
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     linears: dict[str, object] = {}
     types: dict[str, int] = {}
@@ -124,38 +183,53 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        if kind in ("Q4_0", "Q4_1"):
-            form: object = q4_blocks(raw, kind)
-        elif kind == "Q8_0":
-            form = q8_0_blocks(raw)
-        else:
-            raise QuickdraftError(
-                f"{path.name}: tensor {t.name} has GGUF type {kind}, which has no kernel form here "
-                "(supported: Q4_0, Q4_1, Q8_0, F32, F16, BF16); use --quantize int4 or int8 instead"
-            )
-        if match is not None and match.group(2) in ("attn_q", "attn_k"):
-            n = raw.shape[0]
-            order = unpermute_rows(n, heads if match.group(2) == "attn_q" else kv_heads)
-            form = tuple(x[order] for x in form) if isinstance(form, tuple) else form[order]
-        if isinstance(form, tuple):
-            form = int4_form(*form) if q4 == "int4" else W4A8Linear(*form)
-        else:
-            form = int8_linear(form) if q8 == "int8" else w8a8_linear(form)
-        name = "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
-        linears[name] = form
+        form = _blocks(raw, kind, path.name, t.name)
+        if permuted and match is not None and match.group(2) in ("attn_q", "attn_k"):
+            order = unpermute_rows(raw.shape[0], heads if match.group(2) == "attn_q" else kv_heads)
+            form = (form[0], *(x[order] for x in form[1:]))
+        linears[name_of(match, is_head)] = _kernel_form(form, q8, q4)
     return linears, types
 
 
+def _blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
+    """(form, *tensors) of a quantized GGUF tensor: ("q4", codes, d, m), ("q8", q, d) or ("float", w)."""
+    if kind in ("Q4_0", "Q4_1"):
+        return ("q4", *q4_blocks(raw, kind))
+    if kind == "Q4_K":
+        return ("q4", *q4_k_blocks(raw))
+    if kind in ("Q8_0", "Q5_0"):
+        return ("q8", *q8_codes(raw, kind))
+    if kind == "Q6_K":
+        return ("float", q6_k_values(raw))
+    raise QuickdraftError(
+        f"{file}: tensor {tensor} has GGUF type {kind}, which has no kernel form here "
+        f"(supported: {', '.join(GGUF_DIRECT)}); use --quantize int4 or int8 instead"
+    )
+
+
+def _kernel_form(form: tuple, q8: str, q4: str) -> object:
+    """The kernel-form linear of `_blocks`'s output: 4-bit blocks as int4 or w4a8, 8-bit ones as int8
+    (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes)."""
+    if form[0] == "q4":
+        return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
+    if form[0] == "q8" and q8 == "w8a8":
+        return W8A8Linear(*form[1:])
+    w = form[1] if form[0] == "float" else (form[1].float() * form[2].repeat_interleave(32, dim=1))
+    return int8_linear(w) if q8 == "int8" else w8a8_linear(w)
+
+
+def name_of(match, is_head: bool) -> str:
+    return "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
+
+
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer
-GGUF_DIRECT = ("Q4_0", "Q4_1", "Q8_0", "F32", "F16", "BF16")  # what `gguf_linears` packs as the file holds it
+GGUF_DIRECT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K", "F32", "F16", "BF16")  # what `gguf_linears` packs
 
 
 def gguf_types(path: Path, config) -> dict[str, str]:
     """{Hugging Face parameter name of a linear: its GGUF block type} (the tied LM head included)."""
-    from gguf import GGUFReader
-
     types = {}
-    for t in GGUFReader(path).tensors:
+    for t in open_gguf(path).tensors:
         match = _LAYER.match(t.name)
         if match is not None:
             types[f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"] = t.tensor_type.name

@@ -9,6 +9,8 @@
     w4a8      4-bit weights in blocks of 32 (a scale and a min each: a GGUF's Q4_1 blocks as they are)
               times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `weights/w4a8.py`):
               5 bits a weight streamed, the fastest one-row step; the LM head stays w8a8
+    w4a8-all  every linear, the LM head too, in min-max w4a8 blocks from the float weights, whatever finer
+              blocks a GGUF holds: the cheapest step, lossy, made for a draft model (`model:NAME;quant=w4a8-all`)
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
     gguf      a GGUF model's own blocks, packed without a round trip (models/gguf_weights.py)
@@ -32,7 +34,7 @@ from quickdraft.runtime import kernels
 from quickdraft.weights.w4a8 import W4A8Linear, w4a8_linear
 from quickdraft.weights.w4a8 import concat as concat_w4a8
 
-MODES = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
+MODES = ("none", "int8", "w8a8", "w4a8", "w4a8-all", "int4", "gguf")
 INT4_GROUPS = (32, 64)
 W8A8_BLOCK = 32  # inputs per scale block of w8a8 weights and activations (the kernel's)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
@@ -54,11 +56,12 @@ class QuantSpec:
 
 
 def parse_quantize(text: str | None) -> QuantSpec:
-    """`none | int8 | w8a8 | w4a8 | int4[:32|:64] | gguf` -> QuantSpec (a clear error naming what is wrong)."""
+    """`none | int8 | w8a8 | w4a8 | w4a8-all | int4[:32|:64] | gguf` -> QuantSpec (a clear error naming
+    what is wrong)."""
     mode, colon, group = (text or "none").partition(":")
     if mode not in MODES:
         raise QuickdraftError(
-            f"unknown quantization {text!r}; choose one of none, int8, w8a8, w4a8, int4[:32|:64], gguf"
+            f"unknown quantization {text!r}; choose one of none, int8, w8a8, w4a8, w4a8-all, int4[:32|:64], gguf"
         )
     if not colon:
         return QuantSpec(mode)
@@ -121,34 +124,41 @@ class W8A8Linear:
         scales: (out, ceil(in / 32)) float32 block scales: W[o, k] = q[o, k] * scales[o, k // 32].
     """
 
-    __slots__ = ("q", "scales", "packed", "packed_scales", "_kernel")
+    __slots__ = ("shape", "scales", "packed", "packed_scales", "_kernel")
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor) -> None:
         ops = kernels.fused_ops()
         if ops is None:
             raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
-        self.q, self.scales = q.contiguous(), scales.float().contiguous()
-        self.packed = ops.pack_int8(self.q)  # (ceil(out/16), blocks * 8, 16, 4) uint8: q + 128
+        self.shape, self.scales = tuple(q.shape), scales.float().contiguous()
+        self.packed = ops.pack_int8(q.contiguous())  # (ceil(out/16), blocks * 8, 16, 4) uint8: q + 128
         self.packed_scales = ops.pack_blocks(self.scales)
         self._kernel = ops.linear_w8a8
 
+    @property
+    def q(self) -> torch.Tensor:
+        """(out, in) int8 codes, unpacked from `packed` (not kept beside it)."""
+        nb, groups = self.packed.shape[:2]
+        q = (self.packed.to(torch.int16) - 128).to(torch.int8).permute(0, 2, 1, 3).reshape(nb * 16, groups * 4)
+        return q[: self.shape[0], : self.shape[1]].contiguous()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.q.shape[0], self.packed, self.packed_scales)
+        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed, self.packed_scales)
 
     def rows(self, ids: torch.Tensor) -> W8A8Linear:
         return W8A8Linear(self.q[ids], self.scales[ids])
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.q.shape[1]]
+        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.shape[1]]
 
     @property
     def out_features(self) -> int:
-        return self.q.shape[0]
+        return self.shape[0]
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + 4 * self.scales.numel()
+        return self.packed.numel() + 4 * self.scales.numel()
 
 
 def w8a8_linear(weight: torch.Tensor) -> W8A8Linear:
@@ -239,16 +249,71 @@ def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
         return int8_linear(weight)
     if spec.mode == "w8a8":
         return w8a8_linear(weight)
-    if spec.mode == "w4a8":
+    if spec.mode in ("w4a8", "w4a8-all"):
         return w4a8_linear(weight)
     if spec.mode == "int4":
         return int4_linear(weight, spec.group)
     raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")
 
 
+class RowSlice:
+    """Output rows [start, stop) of a linear: a part of one built over several parts' rows (q|k|v,
+    gate|up), so the part and the whole share one copy; `concat_rows` gives the whole back."""
+
+    __slots__ = ("whole", "start", "stop")
+
+    def __init__(self, whole, start: int, stop: int) -> None:
+        self.whole, self.start, self.stop = whole, start, stop
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.whole(x)[..., self.start : self.stop]
+
+    def part(self):
+        """The rows as a linear of their own (a copy: for inspection, not the hot path)."""
+        return self.whole.rows(torch.arange(self.start, self.stop))
+
+    def __getattr__(self, name: str):  # the part's own fields (q, scales, codes, ...), read off a copy
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.part(), name)
+
+    def rows(self, ids: torch.Tensor):
+        return self.whole.rows(ids + self.start)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.whole.dequantized()[self.start : self.stop]
+
+    @property
+    def out_features(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def nbytes(self) -> int:  # its share of the whole's
+        return self.whole.nbytes * (self.stop - self.start) // self.whole.out_features
+
+
+def fused_slices(parts: list) -> list | None:
+    """The parts as RowSlices of one linear over their concatenated rows, or None (`concat_rows`)."""
+    whole = concat_rows(parts)
+    if whole is None:
+        return None
+    bounds = [0]
+    for p in parts:
+        bounds.append(bounds[-1] + p.out_features)
+    return [RowSlice(whole, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 def concat_rows(parts: list):
     """One Int8Linear / W8A8Linear / W4A8Linear / Int4Linear over the parts' concatenated output rows,
-    or None when the parts are not all of one quantized kind (and, for int4, one group size)."""
+    or None when the parts are not all of one quantized kind (and, for int4, one group size). Parts that
+    are consecutive RowSlices covering one linear give that linear, not a copy."""
+    if all(isinstance(p, RowSlice) for p in parts) and len({id(p.whole) for p in parts}) == 1:
+        whole = parts[0].whole
+        bounds = [(p.start, p.stop) for p in parts]
+        if bounds[0][0] == 0 and bounds[-1][1] == whole.out_features and all(
+            a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False)
+        ):
+            return whole
     for kind in (Int8Linear, W8A8Linear):
         if all(isinstance(p, kind) for p in parts):
             return kind(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))

@@ -11,15 +11,18 @@ RoPE stay as loaded (a lookup, not a matmul).
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.host import release_free_memory
+from quickdraft.weights.gguf_convert import open_gguf
 from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_linears, gguf_types
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
+from quickdraft.weights.quant import QuantSpec, check_dtype, fused_slices, parse_quantize, quantize_weight
 
 LINEARS = (
     "self_attn.q_proj",
@@ -57,6 +60,23 @@ class Quantized:
             f"{self.spec} weights ({len(self.linears)} linears, {self.nbytes / 2**20:.0f} MiB, from {self.source}, "
             f"built in {self.seconds:.1f} s)"
         )
+
+
+FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+_BUILT: dict[tuple, tuple] = {}  # (id of model, spec, dtype) -> (weakref to the model, weakref to Quantized)
+
+
+def fuse_layers(linears: dict[str, object], config) -> dict[str, object]:
+    """Each layer's q/k/v and gate/up as RowSlices of one linear over their rows (one copy that the
+    runtime's fused q|k|v and gate|up calls take as it is: `quant.concat_rows`)."""
+    for i in range(int(config.num_hidden_layers)):
+        for group in FUSED:
+            names = [f"model.layers.{i}.{name}.weight" for name in group]
+            if all(n in linears for n in names):
+                slices = fused_slices([linears[n] for n in names])
+                if slices is not None:
+                    linears.update(zip(names, slices, strict=True))
+    return linears
 
 
 def linear_names(config) -> list[str]:
@@ -114,14 +134,14 @@ def _float32_source(loaded: LoadedModel):
 
 
 def _gguf_w4a8(loaded: LoadedModel, types: dict[str, str]) -> tuple[dict[str, object], str] | None:
-    """w4a8 linears from the GGUF the model came from, its Q4_0/Q4_1 blocks as they are (Q8_0 as w8a8),
-    and their source; None when its linears (`types`: by name) hold other block types (Q4_K, Q5_0,
-    Q6_K: w4a8 then quantizes the float32 weights converted from it)."""
+    """w4a8 linears from the GGUF the model came from (gguf_weights.py: Q4_0/Q4_1/Q4_K as 4-bit blocks,
+    Q8_0/Q5_0 as exact w8a8 blocks, Q6_K re-rounded to w8a8), and their source; None when its linears
+    (`types`: by name) hold other block types (w4a8 then quantizes the weights converted from it)."""
     if not types or not set(types.values()) <= set(GGUF_DIRECT):
         return None
     linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
     counts = ", ".join(f"{t} x{n}" for t, n in sorted(counted.items()))
-    return linears, f"{loaded.gguf.name} ({counts}; Q4 blocks as they are, Q8_0 as w8a8)"
+    return linears, f"{loaded.gguf.name} ({counts}; 4-bit and Q8_0/Q5_0 blocks as stored, Q6_K re-rounded to w8a8)"
 
 
 def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
@@ -132,7 +152,8 @@ def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
 
 
 def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
-    """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's).
+    """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's); built
+    once per model and spec while a holder keeps them (the bench's methods share one copy).
 
     Raises QuickdraftError (one line) for a dtype the kernels lack, dims the groups do not divide, or
     `gguf` on a model that did not come from a GGUF file.
@@ -140,6 +161,18 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
     spec = parse_quantize(spec) if isinstance(spec, str) else spec
     if spec.active:
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
+    key = (id(loaded.model), str(spec), dtype)
+    model_ref, built_ref = _BUILT.get(key, (lambda: None, lambda: None))
+    if model_ref() is loaded.model and built_ref() is not None:  # built already for this model: shared
+        return built_ref()
+    built = _build(loaded, spec)
+    open_gguf.cache_clear()
+    release_free_memory()  # the blocks' float temporaries, the file's parsed metadata
+    _BUILT[key] = (weakref.ref(loaded.model), weakref.ref(built))
+    return built
+
+
+def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
     start = time.perf_counter()
     config = loaded.model.config
     types = gguf_types(loaded.gguf, config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
@@ -170,4 +203,4 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
                 raise QuickdraftError(f"--quantize {spec}: {name}: {exc}") from None
     else:
         linears, source = {}, "no quantization"
-    return Quantized(spec, linears, source, time.perf_counter() - start)
+    return Quantized(spec, fuse_layers(linears, config), source, time.perf_counter() - start)

@@ -29,20 +29,25 @@ class W4A8Linear:
         d, m: (out, ceil(in / 32)) float scales and mins (held in fp16, as a GGUF holds them).
     """
 
-    __slots__ = ("codes", "d", "m", "packed", "_kernel")
+    __slots__ = ("shape", "d", "m", "packed", "_kernel")
 
     def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         ops = kernels.fused_ops()
         if ops is None:
             raise QuickdraftError("--quantize w4a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
-        self.codes = codes.to(torch.uint8).contiguous()
+        self.shape = tuple(codes.shape)
         self.d, self.m = d.half().float().contiguous(), m.half().float().contiguous()
-        self.packed = ops.pack_q4(self.codes, self.d, self.m)  # (ceil(out/16), blocks, 320) uint8
+        self.packed = ops.pack_q4(codes.to(torch.uint8).contiguous(), self.d, self.m)  # (ceil(out/16), blocks, 320)
         self._kernel = ops.linear_w4a8
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """(out, in) uint8 codes, unpacked from `packed` (not kept: a byte a weight beside its 5 bits)."""
+        return unpack_q4(self.packed, *self.shape)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.codes.shape[0], self.packed)
+        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed)
 
     def rows(self, ids: torch.Tensor) -> W4A8Linear:
         """The same linear over output rows `ids` only (exact: rows are independent)."""
@@ -50,18 +55,27 @@ class W4A8Linear:
 
     def dequantized(self) -> torch.Tensor:
         """(out, in) float32: the weight the kernel computes with."""
-        out, k = self.codes.shape
+        out, k = self.shape
         blocks = self.d.shape[1]
         q = F.pad(self.codes.float(), (0, blocks * BLOCK - k)).view(out, blocks, BLOCK)
         return (q * self.d[..., None] + self.m[..., None]).view(out, -1)[:, :k]
 
     @property
     def out_features(self) -> int:
-        return self.codes.shape[0]
+        return self.shape[0]
 
     @property
     def nbytes(self) -> int:
         return self.packed.numel()
+
+
+def unpack_q4(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:
+    """`pack_q4`'s (out/16, blocks, 320) bytes back to (out, k) uint8 codes: byte 64 j + 4 o + i of a
+    block holds output o's code 4 j + i in its low nibble and code 16 + 4 j + i in its high one."""
+    nb, blocks = packed.shape[:2]
+    quads = packed[:, :, :256].reshape(nb, blocks, 4, 16, 4).permute(0, 3, 1, 2, 4)  # (nb, o, b, j, i)
+    lo, hi = (quads & 0x0F).reshape(nb, 16, blocks, 16), (quads >> 4).reshape(nb, 16, blocks, 16)
+    return torch.cat([lo, hi], dim=-1).reshape(nb * 16, blocks * BLOCK)[:out, :k].contiguous()
 
 
 def w4a8_linear(weight: torch.Tensor) -> W4A8Linear:

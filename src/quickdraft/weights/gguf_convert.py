@@ -1,0 +1,131 @@
+"""A Llama or Qwen2 GGUF into a bf16 safetensors folder, one tensor at a time: no float32 copy.
+
+transformers' GGUF loader dequantizes the whole checkpoint to float32 first (6.2 GB for a 1.5B model,
+twice that while it builds the model); here each tensor is dequantized by the `gguf` package, cast to
+bf16 and kept, so the peak is the bf16 model (3.1 GB for the 1.5B) and one tensor in float32. The
+config and tokenizer come from transformers' GGUF readers (no tensors read there). Llama's q/k rows are
+unpermuted (llama.cpp permutes them for its RoPE); Qwen2's are stored unpermuted and stay so. A model
+whose GGUF holds no `output.weight` ties its LM head to the embedding.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quickdraft.errors import QuickdraftError
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+PERMUTED = {"llama"}  # architectures whose q/k rows llama.cpp's converter permutes
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_IN_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}  # fmt: skip
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """A GGUF tensor's Hugging Face parameter name (None for one the model does not hold, e.g. rope_freqs)."""
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    match = _BLOCK.match(gguf_name)
+    if match is None or match.group(2) not in _IN_BLOCK:
+        return None
+    return f"model.layers.{match.group(1)}.{_IN_BLOCK[match.group(2)]}.{match.group(3)}"
+
+
+def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
+    """(n_rows,) the row order that undoes llama.cpp's q/k permutation for `heads` heads."""
+    dim = n_rows // heads // 2
+    return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
+
+
+@functools.lru_cache(maxsize=1)
+def open_gguf(path: Path):
+    """A `gguf.GGUFReader` of `path`, the last one kept: opening parses every metadata field (seconds for a
+    151,936-token vocabulary), and a load reads the file's types, then its tensors. `open_gguf.cache_clear()`
+    lets it go."""
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def architecture(path: Path) -> str:
+    """The GGUF's `general.architecture` ("llama", "qwen2", "gemma3", ...)."""
+    field = open_gguf(path).fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
+    """{Hugging Face name: bf16 tensor} of every tensor the model holds, dequantized one at a time."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    permuted = config["model_type"] in PERMUTED
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        values = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(
+            [int(s) for s in reversed(t.shape)]
+        )
+        match = _BLOCK.match(t.name)
+        if permuted and match is not None and match.group(2) in heads:
+            values = values[unpermute_rows(values.shape[0], heads[match.group(2)])]
+        out[name] = values.to(torch.bfloat16).contiguous()
+        del values
+    return out
+
+
+def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
+    """`gguf` (a Llama or Qwen2) as a bf16 safetensors folder `target` with its tokenizer; without its
+    chat template when `chat` is False. Written whole or not at all."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
+    if parsed.get("model_type") not in ARCHITECTURES:
+        raise QuickdraftError(f"{gguf.name}: bf16 conversion takes {', '.join(ARCHITECTURES)}, not {parsed.get('model_type')}")
+    parsed.pop("_model_name_or_path", None)
+    tensors = bf16_tensors(gguf, parsed)
+    parsed["tie_word_embeddings"] = "lm_head.weight" not in tensors
+    config = AutoConfig.for_model(**parsed, architectures=[ARCHITECTURES[parsed["model_type"]]], dtype="bfloat16")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not chat:
+        tokenizer.chat_template = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del tensors
+        config.save_pretrained(tmp)
+        ids = {k: parsed[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in parsed}
+        GenerationConfig(**ids).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "quickdraft.json").write_text(json.dumps({"from": gguf.name, "dtype": "bfloat16"}) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
