@@ -56,7 +56,9 @@ def parse_cascade(arg: str | None) -> CascadeSpec:
     ROWS the k-matrix rows from the diagonal joined by '/', entries by ',' (e.g. k=2,4/4), L the
     lenience of inner reviews (default 1). Without an argument: DEFAULT_CASCADE."""
     text = arg or DEFAULT_CASCADE
-    parts = text.split(";")
+    segments = text.split(";")  # the cascade's own options are k= and l=; a level's (;vocab=, ;quant=) stay its
+    own = [s for s in segments[1:] if s.partition("=")[0] in ("k", "l")]
+    parts = [";".join(s for s in segments if s not in own), *own]
     levels = tuple(parse_stage(stage, f"csd:{text}") for stage in parts[0].split(">") if stage)
     if len(levels) < 2 or any(level.kind == "csd" for level in levels):
         raise QuickdraftError(
