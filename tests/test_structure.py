@@ -206,3 +206,29 @@ def test_one_drafting_method_finds_a_second_protocol(tmp_path):  # negative cont
             "propose_tree(self,context,shape,sampling,generator)",
         ]
     }
+
+
+# a package path a docstring or comment cites: "runtime/linear.py", "weights/gguf_weights.py", ...
+_CITED = __import__("re").compile(
+    r"(?<![\w/.])((?:bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights)/[\w/]+\.(?:py|cpp|h))"
+)
+
+
+def cited_paths(text: str) -> set[str]:
+    return set(_CITED.findall(text))
+
+
+def test_every_cited_package_path_exists():
+    missing = {
+        f"{path.relative_to(SRC)}: {cited}"
+        for path in SRC.rglob("*.py")
+        for cited in cited_paths(path.read_text())
+        if not (SRC / cited).exists()
+    }
+    assert not missing, sorted(missing)
+
+
+def test_a_cited_path_that_moved_is_found():  # negative control
+    text = "See models/linear.py and runtime/linear.py (src/quickdraft/runtime/kv_cache.py is not cited twice)."
+    assert cited_paths(text) == {"models/linear.py", "runtime/linear.py"}
+    assert not (SRC / "models/linear.py").exists()

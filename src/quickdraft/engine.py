@@ -194,7 +194,7 @@ class Engine:
 
     def batch_plan(self) -> tuple[BatchPlan, int]:
         """(the draft budget by batch size, the default batch size), read off this host's measured
-        batched cost surface (models/batch_costs.py; measured once per engine, persisted for the
+        batched cost surface (costs/batch_costs.py; measured once per engine, persisted for the
         embedded default). Each decoder gets its own plan (it calibrates to what its rows accept)."""
         draft, drafter = self.config.draft, self.drafter
         auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
@@ -215,7 +215,7 @@ class Engine:
     ) -> BatchDecoder:
         """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
         with `max_batch` rows (default: fitted to this host). `graphs`: the static, CUDA-graphed
-        forward (models/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
+        forward (runtime/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
         shapes eagerly)."""
         reason = self.batch_unsupported()
         if reason is not None:

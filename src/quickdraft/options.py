@@ -43,7 +43,7 @@ class EngineConfig:
         target: a local HF folder; None is the embedded default.
         dtype: the models' dtype.
         threads: torch CPU threads (None: torch's choice).
-        runtime: auto | native | hf, the forward that runs the models (models/runtime.py).
+        runtime: auto | native | hf, the forward that runs the models (runtime/choose.py).
         device: auto | cpu | cuda.
         graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
             CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.

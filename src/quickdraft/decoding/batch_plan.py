@@ -21,7 +21,7 @@ class BatchPlan:
     `fixed` at every size (0: no speculation).
 
     Args:
-        surface: {(rows, width): relative cost} (models/batch_costs.py); None with `fixed`.
+        surface: {(rows, width): relative cost} (costs/batch_costs.py); None with `fixed`.
         gain: the drafter's gain table, or None.
         fixed: the budget when there is no gain table.
         trees: drafts are trees of the budget (else chains of that length).

@@ -46,7 +46,7 @@ def make_drafter(
 
     `dtype` is the engine's: an independent draft model loads in it, a copied draft (truncated,
     distilled) keeps the target's; "@DTYPE" at the end of a stage overrides both. `runtime` picks
-    the forward of model drafters (models/runtime.py).
+    the forward of model drafters (runtime/choose.py).
     """
     stages = parse_drafter_spec(spec) if isinstance(spec, str) else spec
     drafters = [KINDS[stage.kind].build(stage, target, stage_dtype(stage, dtype), runtime) for stage in stages]

@@ -103,8 +103,9 @@ def register(*kinds: DrafterKind) -> None:
 
 def stage_dtype(stage: DrafterSpec, dtype: str) -> str:
     """The dtype a stage's draft runs in: its own "@DTYPE", else the engine's for an independent
-    draft model, else "" (a copied draft keeps the target's)."""
-    return stage.dtype or (dtype if stage.kind == "model" else "")
+    draft model (and for a cascade, which hands it to its model levels), else "" (a copied draft keeps
+    the target's)."""
+    return stage.dtype or (dtype if stage.kind in ("model", "csd") else "")
 
 
 def kind_of(name: str) -> DrafterKind:

@@ -27,7 +27,7 @@ class HeadLM:
         self.embed, self.vocab_size = embed, vocab_size
         self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
         self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
-        # a restricted head is a copy already: packed as the target's linears are (models/linear.py);
+        # a restricted head is a copy already: packed as the target's linears are (runtime/linear.py);
         # the full head stays a view of the target's (no second 50 MB copy)
         self.linear = Linear(self.weight, self.head_ids is not None and packs(self.weight))
 

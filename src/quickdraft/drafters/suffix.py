@@ -51,7 +51,7 @@ from quickdraft.verifiers.tree import TokenTree
 CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this many nodes
 # Expected tokens per target forward by tree budget (greedy, the default target's held-out SeqKD
 # prompts, 13 x 64 tokens: scripts/suffix_offline.py on docs/bench/heldout-reuse), the gain side of
-# the host-sized budget (`draft_tree` auto, models/cost_curve.py); only the curve's shape matters.
+# the host-sized budget (`draft_tree` auto, costs/cost_curve.py); only the curve's shape matters.
 TREE_GAIN = {1: 1.50, 4: 2.07, 8: 2.30, 16: 2.47, 32: 2.59}
 
 

@@ -112,7 +112,7 @@ class DraftBlock(nn.Module):
         return self._block(lambda m: m)
 
     def pack(self) -> None:
-        """Freeze the block for drafting: its linears as the target's are (`models/linear.py`: on a
+        """Freeze the block for drafting: its linears as the target's are (`runtime/linear.py`: on a
         bf16 CPU oneDNN's pre-packed kernel where it measures faster on this host, q/k/v and gate/up
         fused into one call each). The copies do not follow later changes of the weights."""
         pack = packs(self.wq.weight)

@@ -2,7 +2,7 @@
 
 On a GPU a small model's forward waits on kernel launches, not on memory: a CUDA graph replays the
 whole forward's kernels as one launch, but only over fixed buffers and shapes. So the batched
-forward (`models/batched.py`) is made static here:
+forward (`runtime/batched.py`) is made static here:
 - every slot of the batch cache runs (idle slots write to their own unused positions and see only
   themselves), and the new rows of each row are padded to a width bucket (1, 2, 4, ..., 64);
 - attention reads a span bucket of the cache (256, 512, ... positions, up to its preallocated

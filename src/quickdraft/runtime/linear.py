@@ -1,6 +1,6 @@
 """The native runtime's linear layers: `F.linear`, or a pre-packed bf16 kernel where one is faster.
 
-Two packed kernels exist: quickdraft's own (`models/kernels/fused.cpp`: `pack_bf16`/`linear_packed`,
+Two packed kernels exist: quickdraft's own (`runtime/kernels/fused.cpp`: `pack_bf16`/`linear_packed`,
 the weight laid out in 16-output blocks of column pairs for AVX512-BF16's vdpbf16ps, streamed once per
 call whatever the rows, no horizontal sums) and oneDNN's (`mkldnn._linear_pointwise`). Measured on an
 AMD EPYC with AVX-512-BF16 (2 threads; scripts/step_profile.py, docs/benchmarks.md "The step at the

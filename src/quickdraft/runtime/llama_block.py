@@ -93,7 +93,7 @@ class Block:
     kv_heads: int
     head_dim: int
     eps: float
-    # the described block (models/native.py's `describe`): all None / defaults for a Llama block
+    # the described block (runtime/native.py's `describe`): all None / defaults for a Llama block
     style: BlockStyle = LLAMA
     q_norm: torch.Tensor | None = None  # (d,) RMSNorm of every query head before RoPE (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
@@ -217,7 +217,7 @@ class Block:
         return self._knorms
 
     def _fused_forward(self, ops, x, cos, sin, attend: Callable) -> torch.Tensor:
-        """`forward` over (T, H) rows with the fused kernels (models/kernels): the norms (with the
+        """`forward` over (T, H) rows with the fused kernels (runtime/kernels): the norms (with the
         residual add), RoPE with the cache write, attention and the gated activation are one call
         each; the linears are the block's own. A described block adds its parts between them (q/k/v
         biases, per-head q/k norms, the attention scale, the sandwich norms, GeGLU). Same arithmetic

@@ -37,7 +37,7 @@ class NativeLlama:
     Args:
         model: the Hugging Face model.
         linears: kernel-form linears by parameter name (e.g. "model.layers.0.mlp.up_proj.weight",
-            "lm_head.weight"), e.g. int4 ones from models/quantized.py; the others read the weights.
+            "lm_head.weight"), e.g. int4 ones from weights/quantized.py; the others read the weights.
     """
 
     def __init__(self, model, linears: Mapping[str, Callable] | None = None) -> None:
@@ -52,7 +52,7 @@ class NativeLlama:
         self.max_length = int(cfg.max_position_embeddings)
         self.embed = inner.embed_tokens.weight
         self.dtype, self.device = self.embed.dtype, self.embed.device
-        # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (models/linear.py)
+        # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (runtime/linear.py)
         pack = packs(self.embed)
         self.packed = pack
         given = dict(linears or {})

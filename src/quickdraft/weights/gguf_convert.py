@@ -14,7 +14,9 @@ import functools
 import json
 import re
 import shutil
+import struct
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,28 +58,99 @@ def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-@functools.lru_cache(maxsize=1)
-def open_gguf(path: Path):
-    """A `gguf.GGUFReader` of `path`, the last one kept: opening parses every metadata field (seconds for a
-    151,936-token vocabulary), and a load reads the file's types, then its tensors. `open_gguf.cache_clear()`
-    lets it go."""
-    from gguf import GGUFReader
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # GGUF value types
 
-    return GGUFReader(path)
+
+@dataclass
+class TensorInfo:
+    """One tensor of a GGUF: its name, block type, shape in GGUF order (columns first) and its bytes as
+    gguf.GGUFReader gives them: (rows, bytes a row) uint8 for block types, the values for floats."""
+
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+class GGUFFile:
+    """A GGUF's scalar metadata and its tensors, read without `gguf.GGUFReader`'s parse of every field
+    into numpy objects (a 151,936-token vocabulary: about 7 s and 1 GB each time); arrays (the vocabulary)
+    are skipped. The tensors are views of one read-only memory map."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.map = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = memoryview(self.map)
+        magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+        if magic != b"GGUF" or version < 2:
+            raise QuickdraftError(f"{path.name}: not a GGUF file of version 2 or later")
+        at, self.fields = 24, {}
+        for _ in range(n_kv):
+            key, at = _string(buf, at)
+            (kind,), at = struct.unpack_from("<I", buf, at), at + 4
+            value, at = _value(buf, at, kind)
+            self.fields[key] = value
+        infos = []
+        for _ in range(n_tensors):
+            name, at = _string(buf, at)
+            (dims,), at = struct.unpack_from("<I", buf, at), at + 4
+            shape, at = struct.unpack_from(f"<{dims}Q", buf, at), at + 8 * dims
+            kind, offset = struct.unpack_from("<IQ", buf, at)
+            at += 12
+            infos.append((name, GGMLQuantizationType(kind), shape, offset))
+        align = int(self.fields.get("general.alignment", 32))
+        start = -(-at // align) * align
+        self.tensors = []
+        for name, kind, shape, offset in infos:
+            block, size = GGML_QUANT_SIZES[kind]
+            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            row_bytes = shape[0] // block * size
+            raw = self.map[start + offset : start + offset + rows * row_bytes]
+            if kind.name in ("F32", "F16"):
+                data = raw.view(np.float32 if kind.name == "F32" else np.float16).reshape(tuple(reversed(shape)))
+            else:
+                data = raw.reshape(rows, row_bytes)
+            self.tensors.append(TensorInfo(name, kind, tuple(int(d) for d in shape), data))
+
+
+def _string(buf, at: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, at)
+    return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", "replace"), at + 8 + n
+
+
+def _value(buf, at: int, kind: int):
+    """(value, next offset) of one metadata value; an array is skipped (None)."""
+    if kind == 8:
+        return _string(buf, at)
+    if kind == 9:
+        (item, count), at = struct.unpack_from("<IQ", buf, at), at + 12
+        if item in _SCALAR:
+            return None, at + count * struct.calcsize("<" + _SCALAR[item])
+        for _ in range(count):
+            _, at = _value(buf, at, item)
+        return None, at
+    fmt = "<" + _SCALAR[kind]
+    return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
+
+
+@functools.lru_cache(maxsize=1)
+def open_gguf(path: Path) -> GGUFFile:
+    """The GGUF at `path`, the last one kept (a load reads the file's types, then its tensors);
+    `open_gguf.cache_clear()` lets it go."""
+    return GGUFFile(path)
 
 
 def architecture(path: Path) -> str:
     """The GGUF's `general.architecture` ("llama", "qwen2", "gemma3", ...)."""
-    field = open_gguf(path).fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
+    return str(open_gguf(path).fields["general.architecture"])
 
 
 def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
     """{Hugging Face name: bf16 tensor} of every tensor the model holds, dequantized one at a time."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     permuted = config["model_type"] in PERMUTED
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}

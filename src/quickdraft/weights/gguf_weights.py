@@ -149,6 +149,21 @@ def q6_k_values(raw: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q6_K), dtype=np.float32))
 
 
+class Q6KRows:
+    """A Q6_K tensor's rows, dequantized on demand a slice at a time (`w8a8_linear` takes slices):
+    the whole (out, in) float32 copy of a 151,936-row head is never held."""
+
+    def __init__(self, raw: np.ndarray) -> None:
+        self.raw = raw
+        self.shape = (raw.shape[0], raw.shape[1] // 210 * 256)
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        return q6_k_values(self.raw[rows])
+
+    def float(self) -> torch.Tensor:
+        return q6_k_values(self.raw)
+
+
 def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
     """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
 
@@ -191,6 +206,31 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
     return linears, types
 
 
+def gguf_float_reader(path: Path, config):
+    """name -> (out, in) float32 weight of a linear, dequantized from the GGUF's own blocks (exact), for
+    quantizers that start from float weights (`w4a8-all`) on a model whose folder holds only bf16."""
+    from gguf.quants import dequantize
+
+    tensors = {}
+    for t in open_gguf(path).tensors:
+        match = _LAYER.match(t.name)
+        if match is not None:
+            tensors[name_of(match, False)] = (t, match.group(2))
+        elif t.name == "output.weight" or (t.name == "token_embd.weight" and "lm_head.weight" not in tensors):
+            tensors["lm_head.weight"] = (t, None)
+    heads = {"attn_q": int(config.num_attention_heads), "attn_k": int(config.num_key_value_heads)}
+
+    def read(name: str) -> torch.Tensor:
+        t, role = tensors[name]
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        w = w.reshape(int(t.shape[1]), int(t.shape[0]))
+        if config.model_type in PERMUTED and role in heads:
+            w = w[unpermute_rows(w.shape[0], heads[role])]
+        return w
+
+    return read
+
+
 def _blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
     """(form, *tensors) of a quantized GGUF tensor: ("q4", codes, d, m), ("q8", q, d) or ("float", w)."""
     if kind in ("Q4_0", "Q4_1"):
@@ -200,7 +240,7 @@ def _blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
     if kind in ("Q8_0", "Q5_0"):
         return ("q8", *q8_codes(raw, kind))
     if kind == "Q6_K":
-        return ("float", q6_k_values(raw))
+        return ("float", Q6KRows(raw))
     raise QuickdraftError(
         f"{file}: tensor {tensor} has GGUF type {kind}, which has no kernel form here "
         f"(supported: {', '.join(GGUF_DIRECT)}); use --quantize int4 or int8 instead"
@@ -214,7 +254,9 @@ def _kernel_form(form: tuple, q8: str, q4: str) -> object:
         return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
     if form[0] == "q8" and q8 == "w8a8":
         return W8A8Linear(*form[1:])
-    w = form[1] if form[0] == "float" else (form[1].float() * form[2].repeat_interleave(32, dim=1))
+    if form[0] == "float" and q8 == "w8a8":
+        return w8a8_linear(form[1])  # a slice of rows at a time
+    w = form[1].float() if form[0] == "float" else (form[1].float() * form[2].repeat_interleave(32, dim=1))
     return int8_linear(w) if q8 == "int8" else w8a8_linear(w)
 
 

@@ -2,7 +2,7 @@
 
 Nothing here downloads: HF_HUB_OFFLINE is forced on. "default" (or None) names the embedded
 SmolLM2-135M-Instruct, "gemma3-270m" Gemma 3 270M (an optional extra), "FILE.gguf" a GGUF file; each
-is converted once by `models.default`.
+is converted once by `weights.default`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Weight-only int8 and int4 linears for the native runtime (PyTorch's own CPU kernels).
 
-    none      bf16/float32 weights (models/linear.py)
+    none      bf16/float32 weights (runtime/linear.py)
     int8      one int8 per weight, one scale per output channel (`aten._weight_int8pack_mm`)
     w8a8      int8 weights in blocks of 32 inputs (a scale each), times activations quantized the same
               way per row on the fly (llama.cpp's Q8_0 x Q8_0; VNNI's vpdpbusd in quickdraft's fused
-              kernels, models/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
+              kernels, runtime/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
               instruction
     w4a8      4-bit weights in blocks of 32 (a scale and a min each: a GGUF's Q4_1 blocks as they are)
               times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `weights/w4a8.py`):
@@ -13,7 +13,7 @@
               blocks a GGUF holds: the cheapest step, lossy, made for a draft model (`model:NAME;quant=w4a8-all`)
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
-    gguf      a GGUF model's own blocks, packed without a round trip (models/gguf_weights.py)
+    gguf      a GGUF model's own blocks, packed without a round trip (weights/gguf_weights.py)
 
 Weights are quantized from float32 (the dequantized GGUF, or the checkpoint's own float32), never from
 bf16-rounded copies: issue #25's probe lost greedy agreement exactly there (0.87 against 0.98).
@@ -117,7 +117,7 @@ class Int8Linear:
 
 class W8A8Linear:
     """y = x W^T with W int8 in blocks of 32 inputs (one scale per output and block), x quantized the
-    same way per row on the fly (as llama.cpp's Q8_0 x Q8_0; `models/kernels`: `linear_w8a8`).
+    same way per row on the fly (as llama.cpp's Q8_0 x Q8_0; `runtime/kernels`: `linear_w8a8`).
 
     Args:
         q: (out, in) int8 codes in [-127, 127].
@@ -161,15 +161,25 @@ class W8A8Linear:
         return self.packed.numel() + 4 * self.scales.numel()
 
 
-def w8a8_linear(weight: torch.Tensor) -> W8A8Linear:
-    """Symmetric int8 of a float32 (out, in) weight in blocks of 32 inputs (absmax / 127 per block)."""
-    w = weight.detach().float()
+CHUNK_ROWS = 4096  # rows quantized at a time: a 151,936-row LM head's float temporaries stay ~100 MB
+
+
+def _w8a8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q (out, in) int8, scales (out, blocks)) of float rows, absmax / 127 per block of 32."""
+    w = w.detach().float()
     out, k = w.shape
     blocks = -(-k // W8A8_BLOCK)
     padded = F.pad(w, (0, blocks * W8A8_BLOCK - k)).view(out, blocks, W8A8_BLOCK)
     scales = (padded.abs().amax(dim=-1) / 127).clamp_min(1e-12)
     q = torch.round(padded / scales[..., None]).clamp(-127, 127).to(torch.int8).view(out, -1)[:, :k]
-    return W8A8Linear(q, scales)
+    return q, scales
+
+
+def w8a8_linear(weight: torch.Tensor) -> W8A8Linear:
+    """Symmetric int8 of a float (out, in) weight in blocks of 32 inputs (absmax / 127 per block),
+    CHUNK_ROWS rows at a time (rows are independent)."""
+    parts = [_w8a8_codes(weight[i : i + CHUNK_ROWS]) for i in range(0, weight.shape[0], CHUNK_ROWS)]
+    return W8A8Linear(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
 
 class Int4Linear:

@@ -20,7 +20,7 @@ import torch
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import release_free_memory
 from quickdraft.weights.gguf_convert import open_gguf
-from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_linears, gguf_types
+from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_linears, gguf_types
 from quickdraft.weights.loading import LoadedModel
 from quickdraft.weights.quant import QuantSpec, check_dtype, fused_slices, parse_quantize, quantize_weight
 
@@ -130,6 +130,8 @@ def _float32_source(loaded: LoadedModel):
             weight,
             f"the torch.{ {'F32': 'float32', 'F64': 'float64'}[checkpoint[1]] } checkpoint in {loaded.source}",
         )
+    if loaded.gguf is not None:  # a bf16 folder converted from a GGUF: its blocks are the finer copy
+        return gguf_float_reader(loaded.gguf, loaded.model.config), f"{loaded.gguf.name}'s blocks, dequantized"
     return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
 
 

@@ -78,10 +78,19 @@ def unpack_q4(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:
     return torch.cat([lo, hi], dim=-1).reshape(nb * 16, blocks * BLOCK)[:out, :k].contiguous()
 
 
+CHUNK_ROWS = 4096  # rows quantized at a time: a large LM head's float temporaries stay small
+
+
 def w4a8_linear(weight: torch.Tensor) -> W4A8Linear:
-    """Min-max 4-bit blocks of 32 inputs of a float32 (out, in) weight: each block's 16 levels span
+    """Min-max 4-bit blocks of 32 inputs of a float (out, in) weight: each block's 16 levels span
     [min, max] (a weight already on a 4-bit grid, e.g. a dequantized Q4_1 block, lands back on it up to
-    the fp16 rounding of d and m)."""
+    the fp16 rounding of d and m); CHUNK_ROWS rows at a time (rows are independent)."""
+    parts = [_min_max(weight[i : i + CHUNK_ROWS]) for i in range(0, weight.shape[0], CHUNK_ROWS)]
+    return W4A8Linear(*(torch.cat([p[j] for p in parts]) for j in range(3)))
+
+
+def _min_max(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, d, m) of min-max 4-bit blocks of 32 over float rows."""
     w = weight.detach().float()
     out, k = w.shape
     blocks = -(-k // BLOCK)
@@ -93,7 +102,7 @@ def w4a8_linear(weight: torch.Tensor) -> W4A8Linear:
     d = ((hi - lo) / 15).clamp_min(1e-8).half().float()
     m = lo.half().float()
     q = torch.round((padded - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8).view(out, -1)[:, :k]
-    return W4A8Linear(q, d, m)
+    return q, d, m
 
 
 def concat(parts: list[W4A8Linear]) -> W4A8Linear:
