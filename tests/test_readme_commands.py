@@ -134,12 +134,14 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft prepare --target qwen2.5-coder-1.5b"),
         Step(
             "quickdraft generate 'Write a Python function that checks whether a number is prime.' "
-            "--target qwen2.5-coder-1.5b --quantize w4a8 --drafter 'model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            "--target qwen2.5-coder-1.5b --quantize w4a8 "
+            "--drafter 'model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
             SMALL,
         ),
         Step(
             "quickdraft bench --target qwen2.5-coder-1.5b --quantize w4a8 --prompts humaneval --limit 24 --runs 1 "
-            "--max-new-tokens 128 --methods 'ar,llama-cpp,sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            "--max-new-tokens 128 "
+            "--methods 'ar,llama-cpp,sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
             "--limit 1 --max-new-tokens 8 --out out-pair",
         ),
     ],

@@ -94,7 +94,6 @@ class Peer:
         wall = time.perf_counter() - start
         return {"ok": True, "tokens": out, "wall_s": wall, "forwards": self.forwards, "drafts": self.drafts}
 
-
     def argmax(self, tokens: list[int]) -> dict:
         """Teacher-forced: the top-1 id after each prefix of `tokens` (a model loaded with logits_all)."""
         self.llm.reset()

@@ -1,7 +1,7 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
 (`model:PATH|NAME[;quant=MODE][;vocab=K]`, any causal LM sharing the target's vocabulary: a folder or
-a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the target's first N layers
-(`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
+a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the
+target's first N layers (`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
 (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`).
 
 Drafting calls the model's forward directly through a CachedModel, one token per step with the LM

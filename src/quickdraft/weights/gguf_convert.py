@@ -58,7 +58,19 @@ def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # GGUF value types
+_SCALAR = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}  # GGUF value types
 
 
 @dataclass
@@ -178,7 +190,9 @@ def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
 
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
     if parsed.get("model_type") not in ARCHITECTURES:
-        raise QuickdraftError(f"{gguf.name}: bf16 conversion takes {', '.join(ARCHITECTURES)}, not {parsed.get('model_type')}")
+        raise QuickdraftError(
+            f"{gguf.name}: bf16 conversion takes {', '.join(ARCHITECTURES)}, not {parsed.get('model_type')}"
+        )
     parsed.pop("_model_name_or_path", None)
     tensors = bf16_tensors(gguf, parsed)
     parsed["tie_word_embeddings"] = "lm_head.weight" not in tensors

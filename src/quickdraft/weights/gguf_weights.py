@@ -126,8 +126,8 @@ def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     Returns:
         (q (out, in) int8 in [-127, 127] (Q5_0: [-16, 15]), d (out, in / 32) float32).
     """
-    from gguf.quants import dequantize
     from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
 
     size = 34 if kind == "Q8_0" else 22
     out = raw.shape[0]

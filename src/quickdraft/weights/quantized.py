@@ -22,7 +22,8 @@ from quickdraft.host import release_free_memory
 from quickdraft.weights.gguf_convert import open_gguf
 from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_linears, gguf_types
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec, check_dtype, fused_slices, parse_quantize, quantize_weight
+from quickdraft.weights.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
+from quickdraft.weights.rows import fused_slices
 
 LINEARS = (
     "self_attn.q_proj",
@@ -68,7 +69,7 @@ _BUILT: dict[tuple, tuple] = {}  # (id of model, spec, dtype) -> (weakref to the
 
 def fuse_layers(linears: dict[str, object], config) -> dict[str, object]:
     """Each layer's q/k/v and gate/up as RowSlices of one linear over their rows (one copy that the
-    runtime's fused q|k|v and gate|up calls take as it is: `quant.concat_rows`)."""
+    runtime's fused q|k|v and gate|up calls take as it is: `rows.concat_rows`)."""
     for i in range(int(config.num_hidden_layers)):
         for group in FUSED:
             names = [f"model.layers.{i}.{name}.weight" for name in group]

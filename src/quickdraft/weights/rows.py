@@ -1,0 +1,85 @@
+"""Linears over several parts' output rows (q|k|v, gate|up): one copy that the parts slice.
+
+`fused_slices` builds one linear over the parts' concatenated rows and hands back the parts as
+`RowSlice`s of it; `concat_rows` gives that whole back for consecutive slices (no copy), or builds one
+from parts of one quantized kind (the runtime's fused q|k|v and gate|up calls: `runtime/linear.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.weights.quant import Int4Linear, Int8Linear, W8A8Linear
+from quickdraft.weights.w4a8 import W4A8Linear
+from quickdraft.weights.w4a8 import concat as concat_w4a8
+
+
+class RowSlice:
+    """Output rows [start, stop) of a linear: a part of one built over several parts' rows (q|k|v,
+    gate|up), so the part and the whole share one copy; `concat_rows` gives the whole back."""
+
+    __slots__ = ("whole", "start", "stop")
+
+    def __init__(self, whole, start: int, stop: int) -> None:
+        self.whole, self.start, self.stop = whole, start, stop
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.whole(x)[..., self.start : self.stop]
+
+    def part(self):
+        """The rows as a linear of their own (a copy: for inspection, not the hot path)."""
+        return self.whole.rows(torch.arange(self.start, self.stop))
+
+    def __getattr__(self, name: str):  # the part's own fields (q, scales, codes, ...), read off a copy
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.part(), name)
+
+    def rows(self, ids: torch.Tensor):
+        return self.whole.rows(ids + self.start)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.whole.dequantized()[self.start : self.stop]
+
+    @property
+    def out_features(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def nbytes(self) -> int:  # its share of the whole's
+        return self.whole.nbytes * (self.stop - self.start) // self.whole.out_features
+
+
+def fused_slices(parts: list) -> list | None:
+    """The parts as RowSlices of one linear over their concatenated rows, or None (`concat_rows`)."""
+    whole = concat_rows(parts)
+    if whole is None:
+        return None
+    bounds = [0]
+    for p in parts:
+        bounds.append(bounds[-1] + p.out_features)
+    return [RowSlice(whole, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def concat_rows(parts: list):
+    """One Int8Linear / W8A8Linear / W4A8Linear / Int4Linear over the parts' concatenated output rows,
+    or None when the parts are not all of one quantized kind (and, for int4, one group size). Parts that
+    are consecutive RowSlices covering one linear give that linear, not a copy."""
+    if all(isinstance(p, RowSlice) for p in parts) and len({id(p.whole) for p in parts}) == 1:
+        whole = parts[0].whole
+        bounds = [(p.start, p.stop) for p in parts]
+        if (
+            bounds[0][0] == 0
+            and bounds[-1][1] == whole.out_features
+            and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+        ):
+            return whole
+    for kind in (Int8Linear, W8A8Linear):
+        if all(isinstance(p, kind) for p in parts):
+            return kind(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, W4A8Linear) for p in parts):
+        return concat_w4a8(parts)
+    if all(isinstance(p, Int4Linear) for p in parts) and len({p.group for p in parts}) == 1:
+        cat = [torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "zero")]
+        return Int4Linear(*cat, group=parts[0].group)
+    return None
