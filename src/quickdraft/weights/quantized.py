@@ -156,7 +156,8 @@ def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
 
 def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
     """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's); built
-    once per model and spec while a holder keeps them (the bench's methods share one copy).
+    once per model and spec while a holder keeps them (the bench's methods share one copy). Inference
+    weights do not change; code that trains a model in place and quantizes it again must pass a copy.
 
     Raises QuickdraftError (one line) for a dtype the kernels lack, dims the groups do not divide, or
     `gguf` on a model that did not come from a GGUF file.
