@@ -14,7 +14,9 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +56,21 @@ def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5)
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def folder_in_place(target: Path):
+    """Yield a fresh folder beside `target` to fill; on success it replaces `target` whole (renamed into
+    place), on failure it is removed: a folder at `target` is always a complete one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def release_free_memory() -> None:

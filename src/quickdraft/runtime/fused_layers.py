@@ -11,8 +11,6 @@ w4a8 (`weights/`); otherwise, or for more rows than the attention kernel takes, 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from quickdraft.runtime import kernels
@@ -43,7 +41,7 @@ def _layer_args(block: Block) -> tuple | None:
     empty tensor) of a block the call runs, or None: a Llama block, or one whose only addition is
     Qwen2's q/k/v bias. q, k and v may stay apart (kinds that do not concatenate: a Q4_K_M file's Q6_K v
     beside Q4_K q and k); gate and up must be one linear (the call's gated activation takes both)."""
-    if not replace(block, qkv_bias=None).plain or block.down is None or len(block.gate_up) != 1:
+    if not block.llama_with_bias or block.down is None or len(block.gate_up) != 1:
         return None
     if block.gate_up_sizes[0] != block.gate_up_sizes[1]:
         return None

@@ -107,10 +107,13 @@ class Block:
     @property
     def plain(self) -> bool:
         """A Llama block (what the fused kernels compute)."""
-        extras = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm, self.qkv_bias)
-        return (
-            self.style == LLAMA and self.q_scale == 1.0 and self.attn_softcap is None and all(e is None for e in extras)
-        )
+        return self.llama_with_bias and self.qkv_bias is None
+
+    @property
+    def llama_with_bias(self) -> bool:
+        """A Llama block, or one whose only addition is Qwen2's q/k/v bias (the one-call layer kernel's)."""
+        extras = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm, self.attn_softcap)
+        return self.style == LLAMA and self.q_scale == 1.0 and all(e is None for e in extras)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (gemma_norm if self.style.norm == "gemma" else rms_norm)(x, weight, self.eps)

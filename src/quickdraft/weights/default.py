@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.host import cache_dir
+from quickdraft.host import cache_dir, folder_in_place
 from quickdraft.weights.gguf_convert import convert_bf16
 from quickdraft.weights.part_packages import PartPackages, join_parts
 
@@ -87,16 +85,9 @@ def convert_gguf(gguf: Path, target: Path, chat: bool = True) -> Path:
     plain.generation_config = quantized.generation_config
     if not chat:
         tokenizer.chat_template = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with folder_in_place(target) as tmp:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

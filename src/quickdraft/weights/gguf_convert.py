@@ -13,9 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +21,12 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.host import folder_in_place
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 PERMUTED = {"llama"}  # architectures whose q/k rows llama.cpp's converter permutes
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-_IN_BLOCK = {
+IN_BLOCK = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -47,9 +46,9 @@ def hf_name(gguf_name: str) -> str | None:
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     match = _BLOCK.match(gguf_name)
-    if match is None or match.group(2) not in _IN_BLOCK:
+    if match is None or match.group(2) not in IN_BLOCK:
         return None
-    return f"model.layers.{match.group(1)}.{_IN_BLOCK[match.group(2)]}.{match.group(3)}"
+    return f"model.layers.{match.group(1)}.{IN_BLOCK[match.group(2)]}.{match.group(3)}"
 
 
 def unpermute_rows(n_rows: int, heads: int) -> torch.Tensor:
@@ -153,11 +152,6 @@ def open_gguf(path: Path) -> GGUFFile:
     return GGUFFile(path)
 
 
-def architecture(path: Path) -> str:
-    """The GGUF's `general.architecture` ("llama", "qwen2", "gemma3", ...)."""
-    return str(open_gguf(path).fields["general.architecture"])
-
-
 def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
     """{Hugging Face name: bf16 tensor} of every tensor the model holds, dequantized one at a time."""
     from gguf.quants import dequantize
@@ -200,9 +194,7 @@ def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if not chat:
         tokenizer.chat_template = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with folder_in_place(target) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors
         config.save_pretrained(tmp)
@@ -210,9 +202,4 @@ def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
         GenerationConfig(**ids).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "quickdraft.json").write_text(json.dumps({"from": gguf.name, "dtype": "bfloat16"}) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -35,20 +35,11 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.weights.gguf_convert import PERMUTED, open_gguf, unpermute_rows
+from quickdraft.weights.gguf_convert import IN_BLOCK, PERMUTED, open_gguf, unpermute_rows
 from quickdraft.weights.quant import Int4Linear, W8A8Linear, int8_linear, w8a8_linear
 from quickdraft.weights.w4a8 import W4A8Linear
 
 _LAYER = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-_HF = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 Q8_FORMS = ("bf16", "int8", "w8a8")
 Q4_FORMS = ("int4", "w4a8")
 
@@ -86,11 +77,12 @@ def int4_form(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Int4Line
 
 def q8_0_blocks(raw: np.ndarray) -> torch.Tensor:
     """Q8_0 rows -> (out, in) float32, the GGUF's dequantized values (exact in float32)."""
-    out = raw.shape[0]
-    blocks = raw.reshape(out, -1, 34)
-    d = _fp16(blocks[..., 0:2])
-    q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32))
-    return (q * d[..., None]).reshape(out, -1)
+    return q8_values(*q8_codes(raw, "Q8_0"))
+
+
+def q8_values(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """(out, in) float32 of int8 codes and their scales per block of 32: w = q d."""
+    return q.float() * d.repeat_interleave(32, dim=1)[:, : q.shape[1]]
 
 
 def q4_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,16 +121,16 @@ def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    size = 34 if kind == "Q8_0" else 22
     out = raw.shape[0]
-    d = np.ascontiguousarray(raw).reshape(out, -1, size)[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    blocks = raw.reshape(out, -1, 34 if kind == "Q8_0" else 22)
+    d = _fp16(blocks[..., 0:2])
     if kind == "Q8_0":
-        q = np.ascontiguousarray(raw).reshape(out, -1, size)[..., 2:].copy().view(np.int8).reshape(out, -1)
+        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(out, -1)
     else:  # the package's dequantized values over their block's scale: the codes, exactly (d = 0: codes 0)
         w = dequantize(raw, GGMLQuantizationType.Q5_0).reshape(out, -1, 32)
-        safe = np.where(d == 0, 1.0, d)[..., None]
+        safe = np.where(d.numpy() == 0, 1.0, d.numpy())[..., None]
         q = np.rint(w / safe).astype(np.int8).reshape(out, -1)
-    return torch.from_numpy(q.copy()), torch.from_numpy(d)
+    return torch.from_numpy(q.copy()), d
 
 
 def q6_k_values(raw: np.ndarray) -> torch.Tensor:
@@ -164,6 +156,18 @@ class Q6KRows:
         return q6_k_values(self.raw)
 
 
+def linear_tensors(path: Path, config):
+    """(Hugging Face name, its role in the block ("attn_q", ..., None for the LM head), tensor) of every
+    linear a GGUF holds: the layers' seven, and the LM head (`output.weight`, or the embedding when the
+    model ties them)."""
+    for t in open_gguf(path).tensors:
+        match = _LAYER.match(t.name)
+        if match is not None:
+            yield f"model.layers.{match.group(1)}.{IN_BLOCK[match.group(2)]}.weight", match.group(2), t
+        elif t.name == "output.weight" or (t.name == "token_embd.weight" and config.tie_word_embeddings):
+            yield "lm_head.weight", None, t
+
+
 def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
     """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
 
@@ -183,27 +187,28 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
     """
     if q8 not in Q8_FORMS or q4 not in Q4_FORMS:
         raise QuickdraftError(f"GGUF forms {q8!r}, {q4!r}: choose from {', '.join(Q8_FORMS)} and {', '.join(Q4_FORMS)}")
-    reader = open_gguf(path)
-    permuted = config.model_type in PERMUTED
-    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+    heads = _permuted_heads(config)
     linears: dict[str, object] = {}
     types: dict[str, int] = {}
-    for t in reader.tensors:
+    for name, role, t in linear_tensors(path, config):
         kind = t.tensor_type.name
-        match = _LAYER.match(t.name)
-        is_head = t.name == "output.weight" or (t.name == "token_embd.weight" and config.tie_word_embeddings)
-        if match is None and not is_head:
-            continue
         types[kind] = types.get(kind, 0) + 1
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
         form = _blocks(raw, kind, path.name, t.name)
-        if permuted and match is not None and match.group(2) in ("attn_q", "attn_k"):
-            order = unpermute_rows(raw.shape[0], heads if match.group(2) == "attn_q" else kv_heads)
+        if role in heads:
+            order = unpermute_rows(raw.shape[0], heads[role])
             form = (form[0], *(x[order] for x in form[1:]))
-        linears[name_of(match, is_head)] = _kernel_form(form, q8, q4)
+        linears[name] = _kernel_form(form, q8, q4)
     return linears, types
+
+
+def _permuted_heads(config) -> dict[str, int]:
+    """{role: heads} of the linears whose rows llama.cpp permuted (q and k of a Llama; none for Qwen2)."""
+    if config.model_type not in PERMUTED:
+        return {}
+    return {"attn_q": int(config.num_attention_heads), "attn_k": int(config.num_key_value_heads)}
 
 
 def gguf_float_reader(path: Path, config):
@@ -211,20 +216,14 @@ def gguf_float_reader(path: Path, config):
     quantizers that start from float weights (`w4a8-all`) on a model whose folder holds only bf16."""
     from gguf.quants import dequantize
 
-    tensors = {}
-    for t in open_gguf(path).tensors:
-        match = _LAYER.match(t.name)
-        if match is not None:
-            tensors[name_of(match, False)] = (t, match.group(2))
-        elif t.name == "output.weight" or (t.name == "token_embd.weight" and "lm_head.weight" not in tensors):
-            tensors["lm_head.weight"] = (t, None)
-    heads = {"attn_q": int(config.num_attention_heads), "attn_k": int(config.num_key_value_heads)}
+    tensors = {name: (t, role) for name, role, t in linear_tensors(path, config)}
+    heads = _permuted_heads(config)
 
     def read(name: str) -> torch.Tensor:
         t, role = tensors[name]
         w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         w = w.reshape(int(t.shape[1]), int(t.shape[0]))
-        if config.model_type in PERMUTED and role in heads:
+        if role in heads:
             w = w[unpermute_rows(w.shape[0], heads[role])]
         return w
 
@@ -256,12 +255,8 @@ def _kernel_form(form: tuple, q8: str, q4: str) -> object:
         return W8A8Linear(*form[1:])
     if form[0] == "float" and q8 == "w8a8":
         return w8a8_linear(form[1])  # a slice of rows at a time
-    w = form[1].float() if form[0] == "float" else (form[1].float() * form[2].repeat_interleave(32, dim=1))
+    w = form[1].float() if form[0] == "float" else q8_values(*form[1:])
     return int8_linear(w) if q8 == "int8" else w8a8_linear(w)
-
-
-def name_of(match, is_head: bool) -> str:
-    return "lm_head.weight" if is_head else f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"
 
 
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer
@@ -271,10 +266,9 @@ GGUF_DIRECT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K", "F32", "F16", "BF
 def gguf_types(path: Path, config) -> dict[str, str]:
     """{Hugging Face parameter name of a linear: its GGUF block type} (the tied LM head included)."""
     types = {}
-    for t in open_gguf(path).tensors:
-        match = _LAYER.match(t.name)
-        if match is not None:
-            types[f"model.layers.{match.group(1)}.{_HF[match.group(2)]}.weight"] = t.tensor_type.name
-        elif t.name == "output.weight" or (t.name == "token_embd.weight" and config.tie_word_embeddings):
-            types.setdefault("lm_head.weight", t.tensor_type.name)
+    for name, role, t in linear_tensors(path, config):
+        if role is not None:
+            types[name] = t.tensor_type.name
+        else:
+            types.setdefault(name, t.tensor_type.name)
     return types
