@@ -15,51 +15,21 @@ only: it runs before anything is installed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
-BASE = ("-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=OFF")
-# ggml's option -> the /proc/cpuinfo flags it needs (all of them)
-OPTIONS = {
-    "GGML_AVX": ("avx",),
-    "GGML_AVX2": ("avx2",),
-    "GGML_FMA": ("fma",),
-    "GGML_F16C": ("f16c",),
-    "GGML_BMI2": ("bmi2",),
-    "GGML_AVX_VNNI": ("avx_vnni",),
-    "GGML_AVX512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),  # ggml's -mavx512* set
-    "GGML_AVX512_VBMI": ("avx512f", "avx512vbmi"),
-    "GGML_AVX512_VNNI": ("avx512f", "avx512_vnni"),
-    "GGML_AVX512_BF16": ("avx512f", "avx512_bf16"),
-}
-OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")  # AMX: never (issue #47)
-
-
-def cpu_flags(cpuinfo: str) -> set[str]:
-    """The instruction-set flags of the first processor in /proc/cpuinfo's text."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cmake_args(flags: set[str]) -> list[str]:
-    """The CMake arguments for a CPU with `flags`."""
-    args = list(BASE)
-    for option, needs in OPTIONS.items():
-        args.append(f"-D{option}={'ON' if all(f in flags for f in needs) else 'OFF'}")
-    return args + [f"-D{option}=OFF" for option in OFF]
+_FILE = Path(__file__).resolve().parents[1] / "src" / "quickdraft" / "bench" / "llama_cmake.py"
+_SPEC = importlib.util.spec_from_file_location("llama_cmake", _FILE)
+llama_cmake = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(llama_cmake)  # by its path: no package import (nothing is installed yet)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flags", default=None, help="space-separated CPU flags (default: this host's)")
     args = parser.parse_args()
-    if args.flags is not None:
-        flags = set(args.flags.split())
-    else:
-        info = Path("/proc/cpuinfo")
-        flags = cpu_flags(info.read_text()) if info.exists() else set()
-    print(" ".join(cmake_args(flags)))
+    flags = set(args.flags.split()) if args.flags is not None else llama_cmake.host_flags()
+    print(" ".join(llama_cmake.cmake_args(flags)))
 
 
 if __name__ == "__main__":

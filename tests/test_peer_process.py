@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import textwrap
 
 import pytest
 
 from quickdraft import QuickdraftError
 from quickdraft.bench import runner
+from quickdraft.bench.llama_cmake import cmake_args, cpu_flags
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, describe_exit
 from quickdraft.bench.runner import BenchConfig, run_bench
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "scripts"))
-from llama_cpp_cmake_args import cmake_args, cpu_flags  # noqa: E402
 
 WORKER = """
 import json, os, signal, sys

@@ -7,7 +7,8 @@ pre_verify, post_verify, parallel), with the same defaults as the CLI. The peers
 own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "hf-assisted"
 (assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule), and llama.cpp
 on the target's GGUF: "llama-cpp" (keys quantize=gguf|q4_0|q4_1|q8_0|bf16 and lookup=N;
-bench/llama_cpp.py). Every method of ours also takes `runtime` and `quantize` (a quantized target:
+bench/llama_cpp.py), and its own draft-model speculation (draft=NAME|FILE.gguf, draft_max, draft_min,
+p_min; bench/llama_spec.py). Every method of ours also takes `runtime` and `quantize` (a quantized target:
 `ar:quantize=int4`, `sd:quantize=gguf`).
 """
 
@@ -20,6 +21,7 @@ import torch
 
 from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
 from quickdraft.bench.llama_cpp import LlamaCppMethod
+from quickdraft.bench.llama_spec import SPEC_KEYS, LlamaSpecMethod
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
@@ -28,7 +30,11 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTIONS, option_name, options_from, request_from
 from quickdraft.weights.loading import LoadedModel
 
-PEERS = {"hf-ar": (), "hf-assisted": ("drafter", "draft_length", "schedule"), "llama-cpp": LLAMA_CPP_KEYS}
+PEERS = {
+    "hf-ar": (),
+    "hf-assisted": ("drafter", "draft_length", "schedule"),
+    "llama-cpp": (*LLAMA_CPP_KEYS, *SPEC_KEYS),
+}
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 
 
@@ -229,7 +235,18 @@ class HFAssisted:
         return RunOutput(out[0, len(prompt_ids) :].tolist(), wall, self.forwards)
 
 
-PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted, "llama-cpp": LlamaCppMethod}
+def _llama_cpp(spec: MethodSpec, *args):
+    """llama.cpp: its own draft-model speculation when `draft=` names a draft, else plain or lookup."""
+    if spec.get("draft") is None:
+        if any(spec.get(k) is not None for k in SPEC_KEYS):
+            raise QuickdraftError(f"{spec.text}: draft_max, draft_min and p_min need draft=NAME|FILE.gguf")
+        return LlamaCppMethod(spec, *args)
+    if spec.get("lookup") is not None:
+        raise QuickdraftError(f"{spec.text}: choose draft= or lookup=, not both")
+    return LlamaSpecMethod(spec, *args)
+
+
+PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted, "llama-cpp": _llama_cpp}
 
 
 def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"):

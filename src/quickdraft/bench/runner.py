@@ -75,8 +75,8 @@ def _weights(spec: MethodSpec, default: str) -> str:
 
 
 def _is_plain(spec: MethodSpec) -> bool:
-    """Plain decoding of its weights (what lossless compares with): ar, or llama-cpp without lookup."""
-    return spec.name == "ar" or (spec.name == "llama-cpp" and spec.get("lookup") is None)
+    """Plain decoding of its weights (what lossless compares with): ar, or llama-cpp without lookup or draft."""
+    return spec.name == "ar" or (spec.name == "llama-cpp" and spec.get("lookup") is None and spec.get("draft") is None)
 
 
 def _plain_for(weights: str) -> MethodSpec:
