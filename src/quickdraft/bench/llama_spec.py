@@ -134,7 +134,8 @@ class SpecRun:
 
 def parse_run(stdout: str, stderr: str, prompt_text: str) -> SpecRun:
     """Read a run's printed text (stdout: two newlines, the prompt, the generated text, then two
-    newlines twice: after the text and at exit) and its statistics (stderr: "encoded/decoded N tokens in S seconds", n_predict, n_drafted, n_accept)."""
+    newlines twice: after the text and at exit) and its statistics (stderr: "encoded/decoded N tokens
+    in S seconds", n_predict, n_drafted, n_accept)."""
 
     def number(pattern: str) -> float:
         found = re.search(pattern, stderr)
