@@ -9,9 +9,10 @@ import pytest
 from quickdraft import QuickdraftError
 from quickdraft.bench.compare import find_mismatches
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.bench.methods import parse_methods
+from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.metrics import group_metrics, summarize
 from quickdraft.bench.runner import BenchConfig, run_bench
+from quickdraft.weights.loading import load_model
 
 
 def row(method, qid, run, tokens, wall, forwards, cat="a", drafted=0, accepted=0, drafts=0, match=True, pos=None):
@@ -261,3 +262,31 @@ def test_bench_plot_draws_a_runs_plots_again(tmp_path, capsys):
     assert (tmp_path / "acceptance_by_position.png").is_file()
     assert main(["bench", "plot", str(tmp_path / "none")]) == 2
     assert "holds no results.json" in capsys.readouterr().err
+
+
+def test_a_sampled_method_runs_seeded_and_is_not_compared_token_for_token(tiny_model_dir, prompt_file, tmp_path):
+    methods = f"ar:temperature=0.8,sd:drafter=model:{tiny_model_dir},draft_length=3,temperature=0.8"
+
+    def bench(out):
+        cfg = BenchConfig(methods=methods, prompts=prompt_file, max_new_tokens=12, runs=1, target=tiny_model_dir,
+                          dtype="float32", out=str(tmp_path / out))  # fmt: skip
+        summary = run_bench(cfg, progress=False)
+        return summary, [json.loads(line) for line in (tmp_path / out / "results.jsonl").read_text().splitlines()]
+
+    summary, rows = bench("a")
+    m = summary["methods"]
+    assert set(m) == {"ar", "ar:temperature=0.8", methods.split(",", 1)[1]}  # greedy ar added: the reference
+    assert m["ar"]["lossless_match_rate"] == 1.0
+    for name in ("ar:temperature=0.8", methods.split(",", 1)[1]):
+        assert m[name]["lossless_match_rate"] is None and m[name]["agreement_with_ar"] is None
+        assert all(r["match_ar"] is None for r in rows if r["method"] == name)
+    assert m[methods.split(",", 1)[1]]["mean_accepted_tokens"] > 1.0  # it speculated
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "| sampled |" in report
+    again = {(r["method"], r["question_id"]): r["token_ids"] for r in bench("b")[1]}
+    assert again == {(r["method"], r["question_id"]): r["token_ids"] for r in rows}  # seeded: reproducible
+    sampled = [r["token_ids"] for r in rows if r["method"] == "ar:temperature=0.8"]
+    greedy = [r["token_ids"] for r in rows if r["method"] == "ar"]
+    assert sampled != greedy  # negative control: the temperature reached the sampler
+    with pytest.raises(QuickdraftError, match="temperature"):
+        build_method(parse_methods("ar:temperature=hot")[0], load_model(tiny_model_dir, "float32"), "float32")

@@ -20,8 +20,9 @@ def add_bench_parser(sub, add_model_flags) -> None:
     bench.add_argument(
         "--methods",
         default="ar,sd:drafter=ngram",
-        help="comma-separated NAME[:key=value,...]; names: ar, sd, pearl, hf-ar, hf-assisted, "
-        "llama-cpp (quantize=gguf|q4_0|q4_1|q8_0|bf16, lookup=N)",
+        help="comma-separated NAME[:key=value,...]; names: ar, sd, pearl (each also temperature=T: sampled, "
+        "seeded), hf-ar, hf-assisted, llama-cpp (quantize=gguf|q4_0|q4_1|q8_0|bf16, lookup=N, or its own "
+        "draft-model speculation: draft=NAME|FILE.gguf[,draft_max=N,draft_min=N,p_min=P])",
     )
     bench.add_argument("--prompts", default="spec_bench", help="spec_bench | humaneval | PATH.jsonl")
     bench.add_argument("--categories", default=None, help="comma-separated categories to keep")

@@ -9,7 +9,9 @@ own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "h
 on the target's GGUF: "llama-cpp" (keys quantize=gguf|q4_0|q4_1|q8_0|bf16 and lookup=N;
 bench/llama_cpp.py), and its own draft-model speculation (draft=NAME|FILE.gguf, draft_max, draft_min,
 p_min; bench/llama_spec.py). Every method of ours also takes `runtime` and `quantize` (a quantized target:
-`ar:quantize=int4`, `sd:quantize=gguf`).
+`ar:quantize=int4`, `sd:quantize=gguf`), and `temperature`, `top_k`, `top_p`: a sampled run
+(`sd:temperature=0.8`; seeded per run, so reproducible; its rows are never compared token for token,
+the distribution is what the tests check).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ PEERS = {
     "llama-cpp": (*LLAMA_CPP_KEYS, *SPEC_KEYS),
 }
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
+SAMPLING = ("temperature", "top_k", "top_p")  # per-request keys our methods take (`sd:temperature=0.8`)
 
 
 def _check_key(method: str, key: str) -> None:
     where = f"method {method!r}: "
     if method not in PEERS:
-        option_name(key, ("runtime", "quantize", *METHODS[method].options), where)
+        option_name(key, ("runtime", "quantize", *METHODS[method].options, *SAMPLING), where)
     elif key not in PEERS[method]:
         raise QuickdraftError(f"{where}no option {key!r} (options: {', '.join(PEERS[method]) or 'none'})")
 
@@ -117,7 +120,11 @@ class QuickdraftMethod:
         self, spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"
     ) -> None:
         self.spec = spec
-        values = {"method": spec.name, "dtype": dtype, "runtime": runtime, "quantize": quantize, **dict(spec.options)}
+        own = {k: v for k, v in spec.options if option_name(k, OPTIONS) not in SAMPLING}
+        self.sampling = {k: v for k, v in spec.options if option_name(k, OPTIONS) in SAMPLING}
+        self.sampled = request_from(self.sampling, where=f"{spec.text}: ").sampling.temperature > 0
+        self.seeds = 0  # runs so far: each sampled run's seed (reproducible, one stream per run)
+        values = {"method": spec.name, "dtype": dtype, "runtime": runtime, "quantize": quantize, **own}
         allowed = ("method", "dtype", "runtime", "quantize", *METHODS[spec.name].options)
         config = options_from(values, allowed=allowed, where=f"{spec.text}: ")
         self.engine = Engine(target, config)
@@ -130,7 +137,8 @@ class QuickdraftMethod:
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         from quickdraft.bench.cost import draft_steps, relative_costs
 
-        request = request_from({"max_new_tokens": max_new_tokens})  # greedy: the table's default
+        self.seeds += 1  # greedy unless the method's own keys sample (temperature=, top_k=, top_p=)
+        request = request_from({"max_new_tokens": max_new_tokens, **self.sampling, "seed": self.seeds})
         stop = request.stop_config(self.engine.target_info.eos_token_ids)
         res = self.engine.generate_ids(prompt_ids, request.sampling, stop)
         s = res.stats
@@ -162,7 +170,7 @@ class QuickdraftMethod:
         if self.engine.batch_unsupported() is not None:
             return None
         self.engine.batch_plan()  # the host's batched costs are measured before the clock starts
-        request = request_from({"max_new_tokens": max_new_tokens})
+        request = request_from({"max_new_tokens": max_new_tokens, **self.sampling, "seed": 0})
         stop = request.stop_config(self.engine.target_info.eos_token_ids)
         start = time.perf_counter()
         results = self.engine.generate_batch(prompts, request.sampling, stop, max_batch)

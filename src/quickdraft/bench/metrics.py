@@ -12,6 +12,14 @@ import statistics
 from collections import defaultdict
 
 
+def _rate(flags: list) -> float | None:
+    """The share of true flags; 0.0 for none; None when every flag is None (sampled rows)."""
+    known = [bool(f) for f in flags if f is not None]
+    if not known:
+        return None if flags else 0.0
+    return sum(known) / len(known)
+
+
 def _sum(rows: list[dict], key: str) -> float:
     return float(sum(r[key] for r in rows))
 
@@ -59,9 +67,10 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
         "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(apos, dpos, strict=True)],
         "swi": _swi(rows),
-        "lossless_match_rate": sum(bool(r["match_ar"]) for r in rows) / len(rows) if rows else 0.0,
+        # None for a sampled method (its rows' match_ar is None: no one output is expected)
+        "lossless_match_rate": _rate([r["match_ar"] for r in rows]),
         # other weights (quantized, llama.cpp's): how often the output equals our plain decoding's
-        "agreement_with_ar": sum(bool(r.get("agrees_ar", r["match_ar"])) for r in rows) / len(rows) if rows else 0.0,
+        "agreement_with_ar": _rate([r.get("agrees_ar", r["match_ar"]) for r in rows]),
         # PEARL's own "mean accepted tokens": tokens per run of accepts ending at a rejection
         # (correction included). Not comparable with mean_accepted_tokens (per target forward).
         "pearl_mean_accepted_tokens": _extra_ratio(rows, "pearl_run_tokens", "pearl_runs"),

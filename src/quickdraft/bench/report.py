@@ -24,12 +24,18 @@ def _table(summary: dict) -> list[str]:
         nodes, hist = s.get("tree_mean_nodes"), s.get("tree_accepted_depth_histogram")
         tree = "-" if nodes is None else f"{nodes:.1f} / {', '.join(map(str, hist or []))}"
         swi = "-" if s.get("swi") is None else f"{s['swi']:.2f}x"
+        pearl = "-" if mat is None else f"{mat:.2f}"
         lines.append(
             f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
             f"{s['speedup_vs_ar_std']:.2f} | {swi} | {s['mean_accepted_tokens']:.2f} | "
-            f"{_acceptance(m, s)} | {s['lossless_match_rate']:.0%} | {'-' if mat is None else f'{mat:.2f}'} | {tree} |"
+            f"{_acceptance(m, s)} | {_match(s['lossless_match_rate'])} | {pearl} | {tree} |"
         )
     return lines
+
+
+def _match(rate: float | None) -> str:
+    """The lossless match cell: a share, or "sampled" (no one output expected)."""
+    return "sampled" if rate is None else f"{rate:.0%}"
 
 
 def _guard_note(summary: dict) -> list[str]:
@@ -55,7 +61,7 @@ def _quantized_note(summary: dict) -> list[str]:
     ]
     for m, s in quantized.items():
         own = s.get("speedup_vs_own_ar")
-        agree = f"; output equal to our `ar`'s: {s['agreement_with_ar']:.0%}" if "agreement_with_ar" in s else ""
+        agree = f"; output equal to our `ar`'s: {_match(s['agreement_with_ar'])}" if "agreement_with_ar" in s else ""
         lines.append(f"- `{m}` ({s['quantize']}): {'-' if own is None else f'{own:.2f}x'}{agree}")
     return [*lines, ""]
 
