@@ -44,10 +44,11 @@ def draft_bytes(drafter, loaded) -> int | None:
     Kangaroo, the target's first l layers it runs; a quantized self-draft: its kernel-form linears and
     norms."""
     if drafter.name.startswith("quant"):  # the target's own weights in kernel form, plus its norms
+        from quickdraft.weights.quant import parse_quantize
         from quickdraft.weights.quantized import quantize_model
 
         mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "w4a8"
-        quantized = quantize_model(loaded, mode.split("@")[0])
+        quantized = quantize_model(loaded, parse_quantize(mode.split("@")[0]))
         norms = sum(weight_bytes(layer.input_layernorm) + weight_bytes(layer.post_attention_layernorm)
                     for layer in loaded.model.model.layers)  # fmt: skip
         return quantized.nbytes + norms

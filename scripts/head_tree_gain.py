@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.drafters.kinds import KINDS
-from quickdraft.models.draft_heads import HEAD_META, load_draft_head
+from quickdraft.models.head_files import HEAD_META, load_draft_head
 from quickdraft.training.decode_eval import gain_meta, tree_gain
 from quickdraft.training.seqkd import read_seqkd, shuffled
 from quickdraft.weights.loading import load_model

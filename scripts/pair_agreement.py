@@ -27,6 +27,7 @@ from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.weights.loading import load_model
+from quickdraft.weights.quant import parse_quantize
 from quickdraft.weights.quantized import quantize_model
 
 
@@ -69,7 +70,7 @@ def main() -> None:
         peer.close()
     tops = {"llama.cpp": llama}
     for form in args.forms.split(","):
-        q = quantize_model(target, form) if form != "none" else None
+        q = quantize_model(target, parse_quantize(form)) if form != "none" else None
         owner = NativeCachedModel(target.model, linears=q.linears if q else None)
         tops[form] = [ours(owner, seq, start) for seq, start in seqs]
         print(form, q.describe() if q else "bf16 weights", flush=True)

@@ -32,6 +32,7 @@ from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.weights.loading import load_model
+from quickdraft.weights.quant import parse_quantize
 from quickdraft.weights.quantized import quantize_model
 
 FORMS = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
@@ -90,7 +91,7 @@ def main() -> None:
     codec = PromptCodec.for_target(target)
     owners = {}
     for form in forms:
-        q = quantize_model(target, form) if form != "none" else None
+        q = quantize_model(target, parse_quantize(form)) if form != "none" else None
         owners[form] = NativeCachedModel(target.model, linears=q.linears if q else None)
         print(form, q.describe() if q else "bf16 weights", flush=True)
     if args.heldout:

@@ -20,6 +20,7 @@ from quickdraft.runtime import kernels
 from quickdraft.runtime.linear import packing
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
+from quickdraft.weights.quant import parse_quantize
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)
 
@@ -34,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, "bfloat16")
-    target = load_target(loaded, "auto", args.quantize).target
+    target = load_target(loaded, "auto", parse_quantize(args.quantize)).target
     prompt = [(i * 37) % 1000 + 10 for i in range(args.context)]
 
     def step_ms(rows: int) -> float:

@@ -9,6 +9,7 @@ import torch
 from quickdraft.runtime import kernels
 from quickdraft.runtime.fused_layers import LayerKernels, kernel_form
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.weights.quant import parse_quantize
 from quickdraft.weights.quantized import quantize_model
 
 from conftest import tiny_llama, tiny_qwen2
@@ -22,7 +23,7 @@ def _owner(target, quantize: str) -> NativeCachedModel:
         from quickdraft.weights.loading import LoadedModel
 
         loaded = LoadedModel(target.model, None, "tiny")
-        linears = quantize_model(loaded, quantize).linears
+        linears = quantize_model(loaded, parse_quantize(quantize)).linears
     return NativeCachedModel(target.model, linears=linears)
 
 

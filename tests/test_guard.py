@@ -121,7 +121,8 @@ def test_greedy_generations_carry_the_verdict_and_sampled_ones_start_fresh():
 def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
     """PEARL's halves run one after the other in one process, so its rounds are priced like a chain's
     and guarded; a guarded plain round is a pre round that drafts nothing (a plain step)."""
-    from quickdraft.decoding.pearl import PearlConfig, PearlDecoder
+    from quickdraft.decoding.pearl import PearlDecoder
+    from quickdraft.decoding.pearl_logic import PearlConfig
     from quickdraft.decoding.registry import METHODS
     from quickdraft.engine import Engine
     from quickdraft.options import options_from

@@ -35,6 +35,7 @@ def test_every_record_is_complete(name):
 
 
 def test_the_surfaces_read_the_records():
+    from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
     from quickdraft.options import OPTIONS
     from quickdraft.training.train_draft_cli import KINDS as TRAINABLE
@@ -44,7 +45,7 @@ def test_the_surfaces_read_the_records():
     exportable = {k.name for k in KINDS.values() if k.export is not None}
     assert exportable == {"ngram", "suffix", "model", "truncated"}
     with pytest.raises(QuickdraftError, match="no vLLM equivalent"):
-        vllm_speculative_config("mag", 4)
+        vllm_speculative_config(parse_drafter_spec("mag"), 4)
     with pytest.raises(QuickdraftError, match="tree"):  # mix needs a model kind that drafts trees
         parse_drafter_spec("mix:kangaroo")
     assert parse_drafter_spec("mix:quant")[0].arg == "quant"

@@ -17,6 +17,7 @@ from quickdraft.runtime import kernels
 from quickdraft.weights.gguf_convert import hf_name, unpermute_rows
 from quickdraft.weights.gguf_weights import _kernel_form, q4_k_blocks, q6_k_values, q8_codes
 from quickdraft.weights.part_packages import PartPackages, join_parts
+from quickdraft.weights.quant import QuantSpec
 
 needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="the fused kernels could not be built here")
 
@@ -149,7 +150,7 @@ def test_the_model_drafter_spec_takes_quant_and_vocab():
     from quickdraft.drafters.model_drafter import parse_model
 
     assert parse_model("qwen2.5-coder-0.5b") == ("qwen2.5-coder-0.5b", None, None)
-    assert parse_model("x;quant=w4a8-all;vocab=32768") == ("x", "w4a8-all", "32768")
+    assert parse_model("x;quant=w4a8-all;vocab=32768") == ("x", QuantSpec("w4a8-all"), "32768")
     with pytest.raises(QuickdraftError, match="unknown quantization"):
         parse_model("x;quant=w3")
     with pytest.raises(QuickdraftError, match="bad option"):

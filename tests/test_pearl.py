@@ -11,7 +11,8 @@ from test_distribution import V, _chains, _pair_pvalues
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
-from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict
+from quickdraft.decoding.pearl import PearlDecoder
+from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel

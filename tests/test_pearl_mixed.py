@@ -12,10 +12,11 @@ import pytest
 import torch
 from test_distribution import _chains, _pair_pvalues
 
-import quickdraft.decoding.pearl as pearl_module
+import quickdraft.decoding.pearl_logic as pearl_module
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
-from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict, stack_q_rows
+from quickdraft.decoding.pearl import PearlDecoder
+from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict, stack_q_rows
 from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.speculative import SpeculativeSampling

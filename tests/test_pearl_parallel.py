@@ -10,7 +10,7 @@ import time
 import pytest
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
-from quickdraft.decoding.pearl import PearlConfig
+from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
 from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError

@@ -152,7 +152,7 @@ def test_a_quantized_target_equals_itself_under_speculation(mode):
 def test_a_quantized_linear_reads_the_same_weights_as_dequantized_float32():
     """The native forward with int8 linears equals the plain forward over the dequantized weights."""
     target = _hidden64(torch.float32)
-    q = quantize_model(target, "int8")
+    q = quantize_model(target, parse_quantize("int8"))
     native = NativeCachedModel(target.model, linears=q.linears)
     deq = _hidden64(torch.float32)
     with torch.no_grad():
@@ -222,9 +222,9 @@ def test_quantized_float64_target_and_gguf_of_a_folder_are_refused():
     with pytest.raises(QuickdraftError, match="bfloat16 or float32"):
         Engine(target, EngineConfig(method="ar", dtype="float64", quantize="int8"))
     with pytest.raises(QuickdraftError, match="not loaded from a GGUF"):
-        quantize_model(_hidden64(torch.float32), "gguf")
+        quantize_model(_hidden64(torch.float32), parse_quantize("gguf"))
     with pytest.raises(QuickdraftError, match="do not divide"):
-        quantize_model(tiny_llama(hidden=48), "int4")  # 48 inputs: no groups of 32
+        quantize_model(tiny_llama(hidden=48), parse_quantize("int4"))  # 48 inputs: no groups of 32
 
 
 @pytest.mark.real_model
@@ -234,7 +234,7 @@ def test_gguf_weights_reproduce_the_default_models_float32_values():
     from quickdraft.weights.loading import load_model
 
     target = load_model("default", "float32")
-    q = quantize_model(target, "gguf")
+    q = quantize_model(target, parse_quantize("gguf"))
     params = dict(target.model.named_parameters())
     assert len(q.linears) == 7 * int(target.model.config.num_hidden_layers) + 1
     assert "Q4_1 x210" in q.source and "Q8_0 x1" in q.source
@@ -344,7 +344,7 @@ def test_quant_self_draft_reviews_in_a_cascade_and_stays_lossless():
 
 def test_no_quantization_accepts_any_dtype():
     """`none` builds nothing and checks no kernel dtype (the parallel PEARL target calls it always)."""
-    q = quantize_model(_hidden64(torch.float64), "none")
+    q = quantize_model(_hidden64(torch.float64), parse_quantize("none"))
     assert q.linears == {} and not q.spec.active
 
 
@@ -353,7 +353,7 @@ def test_a_bf16_model_is_quantized_from_its_float32_checkpoint(tiny_model_dir):
     from quickdraft.weights.loading import load_model
 
     bf16, f32 = load_model(tiny_model_dir, "bfloat16"), load_model(tiny_model_dir, "float32")
-    q = quantize_model(bf16, "int8")
+    q = quantize_model(bf16, parse_quantize("int8"))
     assert "torch.float32 checkpoint" in q.source
     name = "model.layers.1.mlp.up_proj.weight"
     exact = int8_linear(dict(f32.model.named_parameters())[name])

@@ -376,15 +376,16 @@ def test_yaml_config(tmp_path):
 
 def test_export_vllm(tiny_model_dir, tmp_path, capsys):
     from quickdraft.cli import main
+    from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
 
-    assert vllm_speculative_config("ngram", 5) == {
+    assert vllm_speculative_config(parse_drafter_spec("ngram"), 5) == {
         "method": "ngram",
         "num_speculative_tokens": 5,
         "prompt_lookup_max": 3,
         "prompt_lookup_min": 1,
     }
-    cfg = vllm_speculative_config(f"model:{tiny_model_dir}", 3)
+    cfg = vllm_speculative_config(parse_drafter_spec(f"model:{tiny_model_dir}"), 3)
     assert cfg["method"] == "draft_model" and cfg["num_speculative_tokens"] == 3
     out = tmp_path / "spec.json"
     draft_dir = tmp_path / "draft"
@@ -410,7 +411,7 @@ def test_export_vllm(tiny_model_dir, tmp_path, capsys):
     assert written["model"] == str(draft_dir.resolve()) and (draft_dir / "config.json").is_file()
     assert "vllm serve" in capsys.readouterr().err
     assert main(["export", "--to", "vllm", "--drafter", "truncated:1", "--target", tiny_model_dir]) == 2
-    cfg = vllm_speculative_config("ngram:4:2", 3)
+    cfg = vllm_speculative_config(parse_drafter_spec("ngram:4:2"), 3)
     assert (cfg["prompt_lookup_max"], cfg["prompt_lookup_min"]) == (4, 2)
     for bad in ["ngram:x", "ngram:2:4", "ngram:3:2+distilled"]:  # clear errors, exit 2, no traceback
         assert main(["export", "--to", "vllm", "--drafter", bad, "--target", tiny_model_dir]) == 2
@@ -513,14 +514,15 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(client, 
 
 
 def test_export_maps_the_suffix_drafter_to_vllms_suffix_method():
+    from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
 
-    assert vllm_speculative_config("suffix", 4) == {
+    assert vllm_speculative_config(parse_drafter_spec("suffix"), 4) == {
         "method": "suffix",
         "num_speculative_tokens": 4,
         "suffix_decoding_max_tree_depth": 8,
     }
-    assert vllm_speculative_config("suffix:/x;depth=12", 6)["suffix_decoding_max_tree_depth"] == 12
+    assert vllm_speculative_config(parse_drafter_spec("suffix:/x;depth=12"), 6)["suffix_decoding_max_tree_depth"] == 12
 
 
 # --- continuous batching (issue #28) ------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_a_packed_head_loads_as_its_unpacked_twin(tmp_path):
     import json
 
     from quickdraft.drafters.kinds import KINDS
-    from quickdraft.models.draft_heads import HEAD_META, HEAD_WEIGHTS, config_dict, load_draft_head
+    from quickdraft.models.head_files import HEAD_META, HEAD_WEIGHTS, config_dict, load_draft_head
     from quickdraft.training.train_heads import HeadTrainingConfig, new_module
 
     from conftest import tiny_llama

@@ -211,7 +211,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             draft.tokenizer.save_pretrained(args.draft_out)
     elif args.target is None:
         ensure_default_model()
-    config = vllm_speculative_config(args.drafter, args.draft_length, args.draft_out)
+    config = vllm_speculative_config(stages, args.draft_length, args.draft_out)
     if args.format == "yaml":
         import yaml
 

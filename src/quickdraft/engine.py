@@ -32,7 +32,6 @@ from quickdraft.runtime.target import Target, load_target
 from quickdraft.types import GenerationResult
 from quickdraft.weights.delta import SHIPPED_FOR
 from quickdraft.weights.loading import LoadedModel, load_model
-from quickdraft.weights.quant import parse_quantize
 
 
 class Engine:
@@ -57,13 +56,13 @@ class Engine:
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
         self.device = resolve_device(config.device)
-        if self.device != "cpu" and (self.method.cpu_only or parse_quantize(config.quantize).active):
+        if self.device != "cpu" and (self.method.cpu_only or config.quant.active):
             what = f"method {config.method!r}" if self.method.cpu_only else f"--quantize {config.quantize}"
             raise QuickdraftError(f"--device {self.device}: {what} runs on the CPU only so far")
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
-        built = load_target(target, config.runtime, config.quantize)
+        built = load_target(target, config.runtime, config.quant)
         self.target: Target = built.target
         self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)

@@ -7,17 +7,19 @@ caller saved it to; the others have no vLLM equivalent and are refused by name.
 
 from __future__ import annotations
 
-from quickdraft.drafters.kinds import KINDS
-from quickdraft.drafters.spec import parse_drafter_spec
+from collections.abc import Sequence
+
+from quickdraft.drafters.kinds import KINDS, DrafterSpec
 from quickdraft.errors import QuickdraftError
 
 
-def vllm_speculative_config(drafter: str, num_draft_tokens: int, draft_dir: str | None = None) -> dict:
-    """vLLM's speculative_config for a drafter spec (one stage: vLLM has no fallback chains);
-    `draft_dir` is where the caller saved a copied draft (truncated:N) as an ordinary HF folder."""
+def vllm_speculative_config(stages: Sequence[DrafterSpec], num_draft_tokens: int, draft_dir: str | None = None) -> dict:
+    """vLLM's speculative_config for a parsed drafter spec (`drafters/spec.py`, parsed at the edge; one
+    stage: vLLM has no fallback chains); `draft_dir` is where the caller saved a copied draft
+    (truncated:N) as an ordinary HF folder."""
     if num_draft_tokens < 1:
         raise QuickdraftError(f"draft length must be >= 1, got {num_draft_tokens}")
-    stages = parse_drafter_spec(drafter)
+    drafter = "+".join(map(str, stages))
     if len(stages) > 1:
         raise QuickdraftError(f"drafter {drafter!r}: vLLM has no fallback chains; export one drafter")
     spec = stages[0]

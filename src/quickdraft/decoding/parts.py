@@ -11,7 +11,7 @@ from typing import Protocol
 
 from quickdraft.config import DraftConfig
 from quickdraft.costs.timing import step_seconds
-from quickdraft.decoding.pearl import PearlConfig
+from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.drafters.base import Drafter, drafter_step_seconds
 from quickdraft.runtime.target import Target
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from quickdraft.costs.timing import step_seconds
-from quickdraft.decoding.pearl import PearlConfig, PearlDecoder, PearlLogic, PearlVerdict, gamma_from_costs
+from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
+from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
 from quickdraft.verifiers.tree import TokenTree
 
@@ -150,7 +151,7 @@ class _TargetRole:
         self.spec = spec
         loaded = load_model(spec.target, spec.dtype)
         self.eos = set(loaded.eos_token_ids)
-        self.target = load_target(loaded, spec.runtime, spec.quantize).target
+        self.target = load_target(loaded, spec.runtime, spec.quant).target
 
     def step_seconds(self) -> float:
         return step_seconds(self.target)

@@ -127,8 +127,8 @@ def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
 MODEL_OPTIONS = ("quant", "vocab")
 
 
-def parse_model(arg: str | None) -> tuple[str, str | None, str | None]:
-    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH]` -> (path or name, quantize mode or None, vocab).
+def parse_model(arg: str | None):
+    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH]` -> (path or name, QuantSpec or None, vocab).
     MODE is `--quantize`'s (none, w4a8, ...); None: w4a8 for a draft born from a GGUF (its own blocks),
     none otherwise."""
     from quickdraft.weights.quant import parse_quantize
@@ -136,10 +136,8 @@ def parse_model(arg: str | None) -> tuple[str, str | None, str | None]:
     path, options = split_options("model", arg, MODEL_OPTIONS)
     if not path:
         raise QuickdraftError("drafter 'model' needs a path or a model name: model:PATH")
-    quant = options.get("quant")
-    if quant is not None:
-        parse_quantize(quant)  # refused here, at the edge, with the modes named
-    return path, quant, options.get("vocab")
+    quant = options.get("quant")  # parsed here, once (a bad mode refused at the edge, the modes named)
+    return path, None if quant is None else parse_quantize(quant), options.get("vocab")
 
 
 _DRAFTS: dict[tuple[str, str], tuple] = {}  # (path, dtype) -> (weakref to the model, the LoadedModel's other fields)
@@ -163,12 +161,12 @@ def shared_draft(path: str, dtype: str) -> LoadedModel:
 
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
-    from quickdraft.weights.quant import check_dtype, parse_quantize
+    from quickdraft.weights.quant import QuantSpec, check_dtype
     from quickdraft.weights.quantized import quantize_model
 
     path, quant, vocab = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
-    mode = parse_quantize(quant or ("w4a8" if draft.gguf is not None and runtime != "hf" else "none"))
+    mode = quant or QuantSpec("w4a8" if draft.gguf is not None and runtime != "hf" else "none")
     draft.head_ids = restricted_head(target, vocab)
     if not mode.active:
         return model_drafter(draft, target, str(spec), runtime)

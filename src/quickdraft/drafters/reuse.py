@@ -12,7 +12,8 @@ import torch
 
 from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.draft_heads import HEAD_META, for_inference, load_draft_head
+from quickdraft.models.draft_heads import for_inference
+from quickdraft.models.head_files import HEAD_META, load_draft_head
 from quickdraft.runtime.cached_model import check_head_ids, scatter_head
 from quickdraft.runtime.linear import Linear, packs
 from quickdraft.runtime.native import unsupported_reason

@@ -11,29 +11,20 @@ the native target's (`llama_block.Block`: one Llama block, one RoPE, one cache p
   fusion -> one decoder layer (attention + MLP) -> the predicted feature f_{t+1} -> the LM head. A
   feature is the target's final-normed last hidden state, what its LM head reads.
 
-The files a trained module ships in (`draft_head.safetensors` + `draft_head.json` + an optional
-restricted head `head_ids.safetensors`) are read by `load_draft_head`.
+The files a trained module ships in are written and read by `models/head_files.py`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
 from quickdraft.runtime.llama_block import Block, causal_mask, rope_tables
 from quickdraft.runtime.static_cache import KVCache
-from quickdraft.weights import weight_files
-
-HEAD_WEIGHTS = "draft_head.safetensors"
-HEAD_META = "draft_head.json"
-HEAD_IDS = "head_ids.safetensors"
 
 
 @dataclass
@@ -287,35 +278,3 @@ def init_from_target(module: nn.Module, model, layer: int) -> None:
             module.fuse.weight.zero_()
             module.fuse.weight[:, :hidden] = torch.eye(hidden)
             module.fuse.weight[:, hidden:].normal_(0.0, 0.02)
-
-
-def load_draft_head(
-    folder: Path, module_type: type[nn.Module], model, dtype: torch.dtype
-) -> tuple[nn.Module, torch.Tensor | None, dict]:
-    """(module of `module_type` in eval mode, restricted head ids or None, meta) from a trained
-    module's folder, checked against the target `model` it must belong to."""
-    kind = module_type.kind
-    meta_path = folder / HEAD_META
-    if not meta_path.is_file() or not (folder / HEAD_WEIGHTS).is_file():
-        raise QuickdraftError(f"{folder} holds no trained draft module ({HEAD_META} + {HEAD_WEIGHTS})")
-    meta = json.loads(meta_path.read_text())
-    cfg = DraftHeadConfig(**meta["config"])
-    if cfg.kind != kind:
-        raise QuickdraftError(f"{folder} holds a {cfg.kind!r} module, not a {kind!r} one")
-    mine = DraftHeadConfig.from_target(model, kind, cfg.exit_layer or 2, cfg.block or 4)
-    checks = ("hidden", "heads", "kv_heads", "head_dim", "vocab_size")
-    wrong = [
-        f"{k}: module {getattr(cfg, k)} vs target {getattr(mine, k)}"
-        for k in checks
-        if getattr(cfg, k) != getattr(mine, k)
-    ]
-    if wrong:
-        raise QuickdraftError(f"the draft module in {folder} was trained for another target ({', '.join(wrong)})")
-    module = module_type(cfg)
-    module.load_state_dict(weight_files.read(folder / HEAD_WEIGHTS))  # bfloat16, or packed int8/int4
-    head_ids = load_file(str(folder / HEAD_IDS))["head_ids"] if (folder / HEAD_IDS).is_file() else None
-    return module.to(dtype).eval().requires_grad_(False), head_ids, meta
-
-
-def config_dict(cfg: DraftHeadConfig) -> dict:
-    return asdict(cfg)

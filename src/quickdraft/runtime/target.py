@@ -27,7 +27,7 @@ import torch
 from quickdraft.runtime.choose import cached_model
 from quickdraft.types import TargetOutput
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import parse_quantize
+from quickdraft.weights.quant import QuantSpec
 from quickdraft.weights.quantized import Quantized, quantize_model
 
 
@@ -138,11 +138,11 @@ class LoadedTarget:
     info: TargetInfo
 
 
-def load_target(loaded: LoadedModel, runtime: str = "auto", quantize: str = "none") -> LoadedTarget:
-    """The target for a loaded model (on the device it is on): its linears quantized as `quantize`
-    asks (native runtime only), on the forward `runtime` picks (auto: native where it applies, else
-    Hugging Face's)."""
-    quantized = quantize_model(loaded, quantize) if parse_quantize(quantize).active else None
+def load_target(loaded: LoadedModel, runtime: str = "auto", quant: QuantSpec | None = None) -> LoadedTarget:
+    """The target for a loaded model (on the device it is on): its linears quantized as `quant` asks
+    (`EngineConfig.quant`, parsed at the edge; native runtime only), on the forward `runtime` picks
+    (auto: native where it applies, else Hugging Face's)."""
+    quantized = quantize_model(loaded, quant) if quant is not None and quant.active else None
     linears = quantized.linears if quantized is not None else None
     target = cached_model(loaded.model, loaded.vocab_size, runtime=runtime, linears=linears)
     dtype = str(loaded.model.dtype).removeprefix("torch.")

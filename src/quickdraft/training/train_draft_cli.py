@@ -19,12 +19,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_option_flags
-from quickdraft.models.draft_heads import HEAD_IDS, HEAD_META, HEAD_WEIGHTS, config_dict
+from quickdraft.models.head_files import HEAD_META, save_draft_head
 from quickdraft.runtime.choose import resolve_device
 from quickdraft.training.decode_eval import gain_meta, tree_gain
 from quickdraft.training.seqkd import read_seqkd, shuffled
@@ -123,14 +122,8 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> Path:
-    """Write a trained module (bfloat16), its restricted head ids and its provenance."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()}
-    save_file(tensors, str(folder / HEAD_WEIGHTS))
-    if head_ids is not None:
-        save_file({"head_ids": head_ids.to(torch.int64).contiguous()}, str(folder / HEAD_IDS))
-    (folder / HEAD_META).write_text(json.dumps({"config": config_dict(module.cfg), **meta}, indent=2) + "\n")
-    return folder
+    """Write a trained module, its restricted head ids and its provenance (`models/head_files.py`)."""
+    return save_draft_head(folder, module, head_ids, meta)
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
@@ -232,7 +225,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
 
 def _read_init(folder: Path, target, kinds: tuple[str, ...]):
     """(kind, module, head ids) of a trained module's folder, for `--init`."""
-    from quickdraft.models.draft_heads import load_draft_head
+    from quickdraft.models.head_files import load_draft_head
 
     meta = folder / HEAD_META
     kind = json.loads(meta.read_text())["config"]["kind"] if meta.is_file() else None

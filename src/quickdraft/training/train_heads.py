@@ -14,7 +14,8 @@ every requested module then takes one AdamW step on a batch:
   "training-time test"), and the losses of every step are averaged.
 
 p and q live on the restricted head's K ids (the drafter drafts from those K rows only); held-out
-evaluation scores q against the target's full distribution. Runs checkpoint every N steps and resume.
+evaluation scores q against the target's full distribution. Runs checkpoint every N steps and resume
+(`train_run.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -273,30 +273,3 @@ def batch_indices(count: int, step: int, batch_size: int, seed: int) -> list[int
     order = list(range(count))
     random.Random(seed * 1000 + epoch).shuffle(order)
     return [order[(offset + i) % count] for i in range(batch_size)]
-
-
-def save_checkpoint(
-    path: Path, step: int, modules: dict, optims: dict, history: list, extra: dict | None = None
-) -> None:
-    """Everything a run needs to go on at `step` exactly: the modules, their optimizers, the history,
-    the RNG streams (the block drafter's cuts) and `extra` (e.g. positions seen); written atomically."""
-    state = {
-        "step": step,
-        "modules": {k: m.state_dict() for k, m in modules.items()},
-        "optims": {k: o.state_dict() for k, o in optims.items()},
-        "history": history,
-        "rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        **(extra or {}),
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-
-
-def restore_rng(state: dict) -> None:
-    """Put back the RNG streams a checkpoint saved (older checkpoints have none)."""
-    if state.get("rng") is not None:
-        torch.set_rng_state(state["rng"])
-    if state.get("cuda_rng") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -26,8 +26,6 @@ from quickdraft.training.train_heads import (
     evaluate,
     lr_at,
     new_module,
-    restore_rng,
-    save_checkpoint,
     target_states,
     target_states_many,
     train_loss,
@@ -218,3 +216,30 @@ def summary(row: dict) -> str:
     if "decode" in row:
         parts.append(f"tokens per forward {row['decode']['tokens_per_target_forward']:.2f}")
     return ", ".join(parts)
+
+
+def save_checkpoint(
+    path: Path, step: int, modules: dict, optims: dict, history: list, extra: dict | None = None
+) -> None:
+    """Everything a run needs to go on at `step` exactly: the modules, their optimizers, the history,
+    the RNG streams (the block drafter's cuts) and `extra` (e.g. positions seen); written atomically."""
+    state = {
+        "step": step,
+        "modules": {k: m.state_dict() for k, m in modules.items()},
+        "optims": {k: o.state_dict() for k, o in optims.items()},
+        "history": history,
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        **(extra or {}),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def restore_rng(state: dict) -> None:
+    """Put back the RNG streams a checkpoint saved (older checkpoints have none)."""
+    if state.get("rng") is not None:
+        torch.set_rng_state(state["rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -22,7 +22,7 @@ from quickdraft.host import release_free_memory
 from quickdraft.weights.gguf_convert import open_gguf
 from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_linears, gguf_types
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec, check_dtype, parse_quantize, quantize_weight
+from quickdraft.weights.quant import QuantSpec, check_dtype, quantize_weight
 from quickdraft.weights.rows import fused_slices
 
 LINEARS = (
@@ -154,7 +154,7 @@ def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
     return {name for name, kind in types.items() if kind not in FOUR_BIT}
 
 
-def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtype | None = None) -> Quantized:
+def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | None = None) -> Quantized:
     """The kernel-form linears of `loaded` for `spec`, checked for `dtype` (default the model's); built
     once per model and spec while a holder keeps them (the bench's methods share one copy). Inference
     weights do not change; code that trains a model in place and quantizes it again must pass a copy.
@@ -162,7 +162,6 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec | str, dtype: torch.dtyp
     Raises QuickdraftError (one line) for a dtype the kernels lack, dims the groups do not divide, or
     `gguf` on a model that did not come from a GGUF file.
     """
-    spec = parse_quantize(spec) if isinstance(spec, str) else spec
     if spec.active:
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
     key = (id(loaded.model), str(spec), dtype)
@@ -194,7 +193,7 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
         source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
     elif spec.active:
         weight, source = _float32_source(loaded)
-        head = parse_quantize({"int4": INT4_HEAD, "w4a8": W4A8_HEAD}.get(spec.mode, str(spec)))
+        head = QuantSpec({"int4": INT4_HEAD, "w4a8": W4A8_HEAD}[spec.mode]) if spec.mode in ("int4", "w4a8") else spec
         finer = _finer_than_4_bits(types)
         if finer:
             source += f"; {len(finer)} linears stored finer than 4 bits in {loaded.gguf.name} as {W4A8_HEAD}"

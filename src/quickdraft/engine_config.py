@@ -1,0 +1,100 @@
+"""What an engine runs (`EngineConfig`) and what one request sets (`RequestOptions`): typed, validated
+once when built (the drafter and quantize specs parsed here, at the edge, into values that travel).
+`options.py` maps names, flags, YAML keys and bench keys onto them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quickdraft.config import DTYPES, DraftConfig, SamplingConfig, StopConfig
+from quickdraft.decoding.pearl_logic import PearlConfig
+from quickdraft.decoding.registry import METHODS
+from quickdraft.drafters.kinds import DrafterSpec
+from quickdraft.drafters.spec import parse_drafter_spec
+from quickdraft.errors import QuickdraftError
+from quickdraft.runtime.choose import RUNTIMES, resolve_device
+from quickdraft.weights.quant import QuantSpec, parse_quantize
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What an Engine runs and how it loads (defaults: speculative decoding with suffix trees sized
+    for the host: the best lossless method measured, docs/benchmarks.md).
+
+    Attributes:
+        method: a name in `decoding.registry.METHODS` (ar, sd, pearl).
+        drafter: a drafter spec (`drafters/spec.py`); unused by ar.
+        draft: draft length and schedule.
+        verifier: greedy | speculative | lenient[:L] | specdec[:beta=B,tau=T]; None picks the lossless
+            one for the temperature.
+        pearl: PEARL's window and ablations (method pearl only).
+        target: a local HF folder; None is the embedded default.
+        dtype: the models' dtype.
+        threads: torch CPU threads (None: torch's choice).
+        runtime: auto | native | hf, the forward that runs the models (runtime/choose.py).
+        device: auto | cpu | cuda.
+        graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
+            CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.
+        quantize: the target's weights: none | int8 | w8a8 | w4a8 | int4[:G] | gguf (weights/quant.py); a quantized
+            target is a different model, and speculation is lossless with respect to it.
+        drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter).
+        quant: `quantize` parsed (once, here): what the engine and the runtime read.
+    """
+
+    method: str = "sd"
+    drafter: str = "suffix"
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    verifier: str | None = None
+    pearl: PearlConfig = field(default_factory=PearlConfig)
+    target: str | None = None
+    dtype: str = "bfloat16"
+    threads: int | None = None
+    runtime: str = "auto"
+    device: str = "auto"
+    quantize: str = "none"
+    graphs: str = "auto"
+    drafter_stages: tuple[DrafterSpec, ...] = field(init=False, repr=False, compare=False)
+    quant: QuantSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise QuickdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        # a bad spec is refused here, before any model loads
+        stages = parse_drafter_spec(self.drafter) if METHODS[self.method].uses_drafter else ()
+        object.__setattr__(self, "drafter_stages", stages)
+        if self.dtype not in DTYPES:
+            raise QuickdraftError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise QuickdraftError(f"threads must be >= 1, got {self.threads}")
+        if self.runtime not in RUNTIMES:
+            raise QuickdraftError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+        resolve_device(self.device)  # cuda without CUDA: refused here, before any model loads
+        if self.graphs not in ("auto", "on", "off"):
+            raise QuickdraftError(f"unknown graphs setting {self.graphs!r}; choose auto, on or off")
+        quant = parse_quantize(self.quantize)
+        object.__setattr__(self, "quant", quant)
+        if quant.active and self.runtime == "hf":
+            raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What one request sets (per-request options: they never key, rebuild or reload an engine).
+
+    Attributes:
+        sampling: temperature (0 = greedy), top-k, top-p and seed.
+        max_new_tokens: the budget of generated tokens.
+        stop: strings that end the generation (the text is cut before them).
+    """
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.stop_config(())  # validates the budget and the stop strings
+
+    def stop_config(self, eos_token_ids: tuple[int, ...]) -> StopConfig:
+        """When the request's generation ends, given the target's EOS ids."""
+        return StopConfig(self.max_new_tokens, tuple(eos_token_ids), tuple(self.stop))
