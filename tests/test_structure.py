@@ -4,6 +4,7 @@ registry per concept (methods, drafter kinds, options) that every surface reads.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -172,6 +173,31 @@ def test_capabilities_are_declared_not_probed():
         if "hasattr(" in p.read_text() and str(p.relative_to(SRC)) not in allowed
     )
     assert not probing, probing
+
+
+RUNTIME_NAMES = re.compile(r"""(==|!=)\s*["'](hf|native)["']|isinstance\([^)]*\b(NativeCachedModel|CachedModel)\b""")
+
+
+def runtime_switches(root: Path) -> list[str]:
+    """Files that compare a runtime's name or test a concrete runtime class (runtime/choose.py may)."""
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if str(p.relative_to(root)) != "runtime/choose.py" and RUNTIME_NAMES.search(p.read_text())
+    )
+
+
+def test_runtimes_are_chosen_in_one_place():
+    """A third backend edits runtime/choose.py only: nowhere else compares a runtime's name or
+    checks a concrete cache owner's class (capabilities are declared on the Target protocol)."""
+    assert runtime_switches(SRC) == []
+
+
+def test_a_runtime_switch_is_found(tmp_path):  # negative control
+    (tmp_path / "drafters").mkdir()
+    (tmp_path / "drafters" / "x.py").write_text('if runtime == "hf":\n    pass\n')
+    (tmp_path / "y.py").write_text("ok = isinstance(t, NativeCachedModel)\n")
+    assert runtime_switches(tmp_path) == ["drafters/x.py", "y.py"]
 
 
 def drafting_methods(root: Path) -> dict[str, list[str]]:

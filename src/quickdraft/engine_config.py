@@ -13,7 +13,7 @@ from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.choose import RUNTIMES, resolve_device
+from quickdraft.runtime.choose import RUNTIMES, forces_reference, resolve_device
 from quickdraft.weights.quant import QuantSpec, parse_quantize
 
 
@@ -74,7 +74,7 @@ class EngineConfig:
             raise QuickdraftError(f"unknown graphs setting {self.graphs!r}; choose auto, on or off")
         quant = parse_quantize(self.quantize)
         object.__setattr__(self, "quant", quant)
-        if quant.active and self.runtime == "hf":
+        if quant.active and forces_reference(self.runtime):
             raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
 
 

@@ -25,7 +25,7 @@ from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import restricted_head, split_options, split_vocab
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
-from quickdraft.runtime.choose import cached_model
+from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.delta import load_delta, shipped_delta_dir
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
@@ -166,11 +166,11 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
 
     path, quant, vocab = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
-    mode = quant or QuantSpec("w4a8" if draft.gguf is not None and runtime != "hf" else "none")
+    mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
     draft.head_ids = restricted_head(target, vocab)
     if not mode.active:
         return model_drafter(draft, target, str(spec), runtime)
-    if runtime == "hf":
+    if forces_reference(runtime):
         raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
     check_dtype(draft.model.dtype, f"drafter {spec}")
     vocab_size = check_vocab(target, draft)
@@ -200,7 +200,7 @@ def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     from quickdraft.weights.quant import check_dtype
     from quickdraft.weights.quantized import quantize_model
 
-    if runtime == "hf":
+    if forces_reference(runtime):
         raise QuickdraftError(f"drafter {spec}: quantized drafts need the native runtime (not --runtime hf)")
     own = own_dtype(dtype, target)
     own = torch.float32 if own == torch.float64 and not spec.dtype else own

@@ -15,6 +15,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models.draft_heads import for_inference
 from quickdraft.models.head_files import HEAD_META, load_draft_head
 from quickdraft.runtime.cached_model import check_head_ids, scatter_head
+from quickdraft.runtime.choose import forces_reference
 from quickdraft.runtime.linear import Linear, packs
 from quickdraft.runtime.native import unsupported_reason
 from quickdraft.weights.loading import LoadedModel, resolve_dtype
@@ -50,7 +51,7 @@ def shipped_head_dir(kind: str, target: LoadedModel) -> Path:
 
 
 def _check_runtime(kind: str, target: LoadedModel, runtime: str) -> None:
-    if runtime == "hf":
+    if forces_reference(runtime):
         raise QuickdraftError(f"the {kind} drafter reads the target's hidden states: use --runtime native or auto")
     reason = unsupported_reason(target.model)
     if reason is None and target.model.config.model_type not in ("llama", "mistral"):

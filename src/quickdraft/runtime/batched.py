@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.runtime.batch_cache import BatchKVCache
-from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.types import TargetOutput
 
 
@@ -44,13 +43,15 @@ class BatchedTarget:
     prefills joining sequences.
 
     Args:
-        single: the target's native cache owner (its weights, LM head and prefill cache).
+        single: the target (`runtime/target.Target`) whose `supports_batches` is true: its `net` is the
+            batched forward (`forward_batch`, its shapes and device), it owns the weights, LM head
+            and prefill cache.
         max_batch: the most rows decoded together.
     """
 
-    def __init__(self, single: NativeCachedModel, max_batch: int) -> None:
-        if not isinstance(single, NativeCachedModel):
-            raise TypeError("batched decoding needs the native runtime for the target")
+    def __init__(self, single, max_batch: int) -> None:
+        if not single.supports_batches:  # declared on the protocol, never probed by class
+            raise TypeError(f"batched decoding needs a target that supports batches (not the {single.runtime} runtime)")
         net = single.net
         self.single, self.net, self.vocab_size = single, net, single.vocab_size
         self.cache = BatchKVCache(

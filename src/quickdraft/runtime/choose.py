@@ -43,6 +43,12 @@ def cached_model(
     return NativeCachedModel(model, vocab_size, head_ids, linears)
 
 
+def forces_reference(runtime: str) -> bool:
+    """Whether `runtime` forces Hugging Face's forward (the reference): no quantized linears and no
+    hidden states for drafters to read (the one place a runtime's name is compared)."""
+    return runtime == "hf"
+
+
 def resolve_device(device: str) -> str:
     """The device models run on: cpu, or cuda (auto: cuda when a CUDA device is present). cuda
     without a CUDA device is a clear error."""

@@ -39,7 +39,8 @@ class Target(Protocol):
         supports_trees: `forward` takes positions and a tree mask, and `compact` works.
         reads_states: `forward` returns hidden states (`keep_hidden`, `features`) and the target
             offers `shallow_pass` (Kangaroo); drafters that read the target need it.
-        supports_batches: `models/batched.BatchedTarget` can run several sequences over its forward.
+        supports_batches: `runtime/batched.BatchedTarget` can run several sequences over its forward
+            (the target then offers `net`: `forward_batch`, its layer shapes and device).
         vocab_size: V, the columns of every logits row.
         tokens: the ids its cache holds, in order.
         num_forwards: forwards run so far (statistics).
