@@ -14,6 +14,7 @@ from quickdraft.decoding.common import Generators
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import Round
 from quickdraft.verifiers import Verifier
+from quickdraft.verifiers.tree import TokenTree, follow_greedy
 
 
 @dataclass(frozen=True)
@@ -147,16 +148,19 @@ class PearlLogic:
         m = len(cand)
         if p_rows.shape[0] != m + (1 if bonus else 0):
             raise QuickdraftError(f"PEARL {self.kind} round: {p_rows.shape[0]} rows of p for {m} candidates")
-        if q is None and not verifier.lossy and not verifier.reads_logits:  # accept while they agree
+        if q is None and not verifier.lossy and not verifier.reads_logits:
+            # deterministic under a lossless rule: the chain is a one-wide tree whose path follows the
+            # target's own draws, as a speculative round's does (`decoding/round.py`)
             start = len(self.committed)
-            draws = gens.draws(p_rows, range(start, start + p_rows.shape[0]))
-            n = next((i for i in range(m) if cand[i] != draws[i]), m)
-            return PearlVerdict(n, draws[n] if (n < m or bonus) else -1)
+            best = gens.draws(p_rows, range(start, start + p_rows.shape[0])) + ([] if bonus else [-1])
+            path, token = follow_greedy(TokenTree.path(cand), best)
+            return PearlVerdict(len(path), token if (len(path) < m or bonus) else -1)
+        # sampled drafts or a named rule: the verifier judges the chain (each through verifiers/tree.py)
         rows = p_rows if bonus else torch.cat([p_rows, p_rows[-1:]])  # a dummy bonus row, never used
         tokens = torch.tensor([cand], dtype=torch.long)
         verdict = verifier(tokens, None if q is None else q.unsqueeze(0), rows.unsqueeze(0), gens.target)
-        n = int(verdict.num_accepted[0])
-        return PearlVerdict(n, int(verdict.next_tokens[0]) if (n < m or bonus) else -1)
+        n, token = int(verdict.num_accepted[0]), int(verdict.next_tokens[0])
+        return PearlVerdict(n, token if (n < m or bonus) else -1)
 
     def apply(self, verdict: PearlVerdict | None, drafted: list[int], drafted_q: torch.Tensor | None) -> Round | None:
         """Commit a round's outcome; returns its Round (None for a draft-only round)."""
