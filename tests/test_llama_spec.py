@@ -6,6 +6,7 @@ a crash as one method's failure)."""
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from quickdraft import QuickdraftError
 from quickdraft.bench import llama_spec
 from quickdraft.bench.llama_spec import LlamaSpecMethod, binary_path, build_args, command, parse_run
 from quickdraft.bench.methods import build_method, parse_methods
-from quickdraft.bench.peer_process import PeerCrashed
+from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, peak_rss_kib
 from quickdraft.bench.runner import _is_plain, _methods_with_ar
 from quickdraft.weights.loading import LoadedModel
 
@@ -69,13 +70,14 @@ def test_its_options_are_checked():
 
 
 FAKE = """#!{python}
-import os, signal, sys
+import os, signal, sys, time
 args = sys.argv[1:]
 prompt, n = args[args.index("-p") + 1], int(args[args.index("-n") + 1])
 if "CRASH" in prompt:
     os.kill(os.getpid(), signal.SIGILL)
 text = "def f():\\n    return 1\\n" if "SHORT" in prompt else "x" * (n + 4)  # an end token, or past the budget
 made = 7 if "SHORT" in prompt else n + 4
+time.sleep(0.2)  # alive long enough for its peak to be read
 sys.stdout.write("\\n\\n" + prompt + text + "\\n\\n" + "\\n\\n")
 sys.stderr.write(f"I encoded 5 tokens in 0.500 seconds\\nI decoded {{made}} tokens in 1.000 seconds\\n"
                  f"I n_predict = {{made}}\\nI n_drafted = 9\\nI n_accept  = 6\\n")
@@ -113,6 +115,8 @@ def test_the_method_runs_the_binary_and_reads_its_tokens(fake_method):
     short = method.run([ord(c) for c in "SHORT "], 32)
     assert short.token_ids == [ord(c) for c in "def f():\n    return 1\n"] + [0]  # the end token it did not print
     assert short.wall_s == pytest.approx(1.5) and (short.num_draft_tokens, short.num_accepted) == (9, 6)
+    own = peak_rss_kib(os.getpid())
+    assert 0 < CHILD_PEAKS[method.spec.text] < own  # the child's own peak, not this process's pages
     long = method.run([ord(c) for c in "LONG "], 16)
     assert long.token_ids == [ord("x")] * 16  # the round that ran past the budget is cut to it
     assert long.wall_s == pytest.approx(1.5 * 16 / 20)  # and its time prorated to the tokens kept

@@ -25,13 +25,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.bench.llama_cmake import cmake_args, host_flags
 from quickdraft.bench.llama_cpp import quantized_copy
 from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, describe_exit
+from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, describe_exit, peak_rss_kib
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
 
@@ -222,13 +223,16 @@ class LlamaSpecMethod:
             cmd = command(self.binary, self.model, self.draft, prompt, self.keys, self.threads, max_new_tokens)
             with files[0].open("w") as out, files[1].open("w") as err:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-                _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB on Linux)
-            code = proc.returncode = os.waitstatus_to_exitcode(status)
+                peak = 0
+                while proc.poll() is None:  # its own peak (VmHWM; the exit's rusage would count this
+                    peak = max(peak, peak_rss_kib(proc.pid))  # process's pages it forked from)
+                    time.sleep(0.05)
+            code = proc.returncode
             out, err = files[0].read_text(errors="replace"), files[1].read_text(errors="replace")
         if code != 0:
             last = (err.strip().splitlines() or [""])[-1]
             raise PeerCrashed(f"{self.spec.text}: {BINARY} {describe_exit(code)}: {last}")
-        CHILD_PEAKS[self.spec.text] = max(CHILD_PEAKS.get(self.spec.text, 0), int(usage.ru_maxrss))
+        CHILD_PEAKS[self.spec.text] = max(CHILD_PEAKS.get(self.spec.text, 0), peak)
         got = parse_run(out, err, prompt)
         tokens = self.tokenizer.encode(got.text, add_special_tokens=False)[:max_new_tokens]
         if len(tokens) < max_new_tokens and self.eos is not None:  # it stopped early: at an end token,
