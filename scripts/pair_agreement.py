@@ -26,9 +26,9 @@ from quickdraft.bench.peer_process import ChildPeer
 from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.quantized import quantize_model
 from quickdraft.weights.loading import load_model
 from quickdraft.weights.quant import parse_quantize
-from quickdraft.weights.quantized import quantize_model
 
 
 def ours(owner: NativeCachedModel, seq: list[int], start: int) -> list[int]:

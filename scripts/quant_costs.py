@@ -31,9 +31,9 @@ from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.quantized import quantize_model
 from quickdraft.weights.loading import load_model
 from quickdraft.weights.quant import parse_quantize
-from quickdraft.weights.quantized import quantize_model
 
 FORMS = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
 ROWS = (1, 5, 9, 17)

@@ -331,6 +331,42 @@ def test_a_delta_for_another_target_is_refused(tmp_path):
         load_delta(tiny_llama(vocab=32), tmp_path)
 
 
+def test_a_model_born_student_ships_as_a_delta_naming_its_base(tiny_model_dir, tmp_path):
+    """DistillSpec with an independent draft model (the Qwen 0.5B beside its 1.5B): the delta names
+    its base (`model:PATH`), holds only the trained layers (the embedding and head stay frozen), and
+    loads back onto that base exactly; SD with it equals plain decoding and speculates."""
+    from quickdraft.weights.loading import load_model
+
+    target = load_model(tiny_model_dir, "float32")
+    student = make_student(target, f"model:{tiny_model_dir}")
+    frozen = {"model.embed_tokens.weight", "lm_head.weight"}
+    assert student.trainable and not frozen & set(student.trainable)
+    with torch.no_grad():  # stands for training: every trainable tensor moves
+        for n, p in student.model.named_parameters():
+            if n in student.trainable:
+                p.add_(0.01 * torch.randn_like(p))
+    folder = save_delta(student, tmp_path / "delta", {"target": "tiny"}, dtype=torch.float32)
+    meta = json.loads((folder / "distilled.json").read_text())
+    assert meta["init"] == f"model:{tiny_model_dir}"
+    draft = load_delta(target, folder)
+    trained = dict(student.model.named_parameters())
+    for n, p in draft.model.named_parameters():
+        assert torch.equal(p, trained[n].detach()), n
+    stop = StopConfig(16, target.eos_token_ids)
+    ids = target.tokenizer("abc de")["input_ids"]
+    ar = Engine(target, EngineConfig(method="ar")).generate_ids(ids, SamplingConfig(), stop)
+    sd = Engine(target, EngineConfig(method="sd", drafter=f"distilled:{folder}")).generate_ids(
+        ids, SamplingConfig(), stop
+    )
+    assert sd.token_ids == ar.token_ids and sd.stats.num_draft_tokens > 0
+    meta["hidden_size"] += 1  # negative control: a delta for another base is refused
+    (folder / "distilled.json").write_text(json.dumps(meta))
+    with pytest.raises(QuickdraftError, match="another base than model:"):
+        load_delta(target, folder)
+    with pytest.raises(QuickdraftError, match="model:NAME"):
+        make_student(target, "model:")
+
+
 def _sharegpt_file(tmp_path, n=300):
     import random
 

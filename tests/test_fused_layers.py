@@ -9,8 +9,8 @@ import torch
 from quickdraft.runtime import kernels
 from quickdraft.runtime.fused_layers import LayerKernels, kernel_form
 from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.quantized import quantize_model
 from quickdraft.weights.quant import parse_quantize
-from quickdraft.weights.quantized import quantize_model
 
 from conftest import tiny_llama, tiny_qwen2
 
@@ -81,8 +81,8 @@ def test_linears_the_call_cannot_take_stay_in_python(monkeypatch):
 def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
     """A Q4_K_M file's v is Q6_K (w8a8) beside Q4_K q and k (w4a8): the three cannot be one linear, and
     the call runs them side by side, the same bits as the Python path's concatenation."""
-    from quickdraft.weights.quant import w8a8_linear
-    from quickdraft.weights.w4a8 import w4a8_linear
+    from quickdraft.runtime.w4a8 import w4a8_linear
+    from quickdraft.runtime.w8a8 import w8a8_linear
 
     target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=64)
     params = dict(target.model.named_parameters())

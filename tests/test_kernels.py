@@ -234,7 +234,7 @@ def int8_rows(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.weights.quant import w8a8_linear
+    from quickdraft.runtime.w8a8 import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)
@@ -253,7 +253,7 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a8_linear_is_its_4bit_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.weights.w4a8 import w4a8_linear
+    from quickdraft.runtime.w4a8 import w4a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)

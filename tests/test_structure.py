@@ -104,11 +104,7 @@ FLOORS = {
     "config": 9, "prompts": 9,
     "host": 10, "errors": 10, "types": 10,
 }  # fmt: skip
-# arrows up still in the house (issue #48: the quantized linears' kernel calls move to runtime/); none new
-KNOWN_UP = {
-    ("quickdraft.weights.quant", "quickdraft.runtime.kernels"),
-    ("quickdraft.weights.w4a8", "quickdraft.runtime.kernels"),
-}
+KNOWN_UP: set[tuple[str, str]] = set()  # none left (issue #48: the quantized linears moved to runtime/)
 
 
 def arrows_up(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

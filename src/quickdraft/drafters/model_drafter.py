@@ -161,8 +161,8 @@ def shared_draft(path: str, dtype: str) -> LoadedModel:
 
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
+    from quickdraft.runtime.quantized import quantize_model
     from quickdraft.weights.quant import QuantSpec, check_dtype
-    from quickdraft.weights.quantized import quantize_model
 
     path, quant, vocab = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
@@ -197,8 +197,8 @@ def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str)
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """The target's own weights quantized (w4a8 by default), run natively with its own cache; in the
     target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
+    from quickdraft.runtime.quantized import quantize_model
     from quickdraft.weights.quant import check_dtype
-    from quickdraft.weights.quantized import quantize_model
 
     if forces_reference(runtime):
         raise QuickdraftError(f"drafter {spec}: quantized drafts need the native runtime (not --runtime hf)")

@@ -17,8 +17,8 @@ from quickdraft.runtime import kernels
 from quickdraft.runtime.linear import Linear, PackedRows
 from quickdraft.runtime.llama_block import ATTEND_ROWS, Block
 from quickdraft.runtime.static_cache import KVCache
-from quickdraft.weights.quant import W8A8Linear
-from quickdraft.weights.w4a8 import W4A8Linear
+from quickdraft.runtime.w4a8 import W4A8Linear
+from quickdraft.runtime.w8a8 import W8A8Linear
 
 _NONE = torch.empty(0)
 

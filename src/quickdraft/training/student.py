@@ -3,10 +3,12 @@
 A student starts either from a truncated copy of the target (``truncated:N``: its first N layers,
 final norm and the tied embedding/LM head, which stay frozen) or from a small config of the
 target's architecture and vocabulary (``small:layers=N,hidden=H,intermediate=I,heads=A,kv_heads=K``,
-randomly initialised, everything trained).
+randomly initialised, everything trained), or from an independent draft model of the target's
+vocabulary (``model:NAME|PATH``: e.g. ``model:qwen2.5-coder-0.5b`` for the 1.5B; its embedding and LM
+head frozen, its layers trained).
 
-A distilled truncated student is shipped as a delta (`save_delta`; the format, its writer and reader,
-`write_delta` and `load_delta`, live in `weights/delta.py`).
+A distilled truncated or model-born student is shipped as a delta naming its base (`save_delta`; the
+format, its writer and reader, `write_delta` and `load_delta`, live in `weights/delta.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.delta import write_delta
-from quickdraft.weights.loading import LoadedModel, truncated_copy
+from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, truncated_copy
 
 
 @dataclass
@@ -63,6 +65,14 @@ def make_student(target: LoadedModel, init: str, dtype: torch.dtype = torch.floa
         out = model.get_output_embeddings().weight
         emb.requires_grad_(False)
         out.requires_grad_(False)
+    elif kind == "model":
+        if not arg:
+            raise QuickdraftError("a model student needs a name or a folder: model:NAME|PATH")
+        loaded = load_model(arg, str(dtype).removeprefix("torch."))
+        check_vocab(target, loaded)  # the draft must read and write the target's ids
+        model = loaded.model
+        model.get_input_embeddings().weight.requires_grad_(False)
+        model.get_output_embeddings().weight.requires_grad_(False)
     elif kind == "small":
         opts = _parse_kv(arg)
         known = {"layers", "hidden", "intermediate", "heads", "kv_heads"}
@@ -82,7 +92,9 @@ def make_student(target: LoadedModel, init: str, dtype: torch.dtype = torch.floa
         model.generation_config = target.model.generation_config
         loaded = LoadedModel(model=model, tokenizer=target.tokenizer, name=f"{target.name}:small")
     else:
-        raise QuickdraftError(f"unknown student init {init!r}; use truncated:N or small:layers=N,hidden=H,...")
+        raise QuickdraftError(
+            f"unknown student init {init!r}; use truncated:N, model:NAME|PATH or small:layers=N,hidden=H,..."
+        )
     loaded.model.train()
     if hasattr(loaded.model.config, "use_cache"):
         loaded.model.config.use_cache = True
@@ -105,13 +117,14 @@ def save_delta(
     dtype: torch.dtype = torch.bfloat16,
     head_ids: torch.Tensor | None = None,
 ) -> Path:
-    """Write the trained tensors of a truncated student (+ meta) to `folder`; returns the folder.
+    """Write the trained tensors of a truncated or model-born student (+ meta naming its base, `init`)
+    to `folder`; returns the folder.
 
     head_ids: (K,) token ids the draft's LM head is restricted to at inference (None: all); the
     training is unchanged, only drafting uses the K rows (see CachedModel).
     """
-    if not student.init.startswith("truncated:"):
-        raise QuickdraftError("only truncated students ship as a delta; save a small student as a full folder")
+    if not student.init.startswith(("truncated:", "model:")):
+        raise QuickdraftError("only truncated and model-born students ship as a delta; save a small one as a folder")
     params = dict(student.model.named_parameters())
     tensors = {n: params[n].detach().to(dtype) for n in student.trainable}
     cfg = student.model.config

@@ -1,8 +1,10 @@
 """The compact "delta" format a distilled draft ships in, and where shipped drafts live.
 
-A distilled truncated draft is stored as only its trained tensors (`draft_delta.safetensors`), an
-optional restricted-head id list (`head_ids.safetensors`) and a JSON naming the target it belongs to
-(`distilled.json`); `load_delta` rebuilds the full draft from the target. The format's writer
+A distilled draft is stored as only its trained tensors (`draft_delta.safetensors`), an optional
+restricted-head id list (`head_ids.safetensors`) and a JSON (`distilled.json`) naming its base,
+`init`: `truncated:N` (the target's first N layers; the JSON names the target's shape, checked) or
+`model:NAME|PATH` (an independent draft model of the target's vocabulary, e.g. the 0.5B beside the
+Qwen 1.5B); `load_delta` rebuilds the full draft from that base. The format's writer
 (`write_delta`) and reader (`load_delta`) live here together; training calls the writer
 (`training/student.save_delta`), so inference never imports training code.
 """
@@ -17,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights import weight_files
-from quickdraft.weights.loading import LoadedModel, truncated_copy
+from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, truncated_copy
 
 DELTA_WEIGHTS = "draft_delta.safetensors"
 DELTA_META = "distilled.json"
@@ -53,25 +55,41 @@ def shipped_delta_dir(target: LoadedModel) -> Path:
     return SHIPPED / key
 
 
+def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch.dtype | None) -> LoadedModel:
+    """The model a delta's tensors go into, checked against what the delta was trained on."""
+    if base.startswith("model:"):
+        draft = load_model(base.removeprefix("model:"), str(dtype or target.model.dtype).removeprefix("torch."))
+        check_vocab(target, draft)
+        mine = {"hidden_size": int(draft.model.config.hidden_size), "num_layers": draft.model.config.num_hidden_layers}
+        what = f"another base than {base}"
+    else:
+        cfg = target.model.config
+        mine = {
+            "hidden_size": int(cfg.hidden_size),
+            "vocab_size": target.output_vocab_size,
+            "model_type": cfg.model_type,
+        }
+        what = "another target"
+    wrong = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
+    if wrong:
+        raise QuickdraftError(
+            f"the distilled draft in {folder} was trained for {what} "
+            f"({', '.join(f'{k}: draft {a} vs {b}' for k, (a, b) in wrong.items())})"
+        )
+    if base.startswith("model:"):
+        return draft
+    return truncated_copy(target, int(meta["num_layers"]), dtype)
+
+
 def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:
-    """Rebuild a distilled truncated draft for `target` from a delta folder (default: the target's dtype)."""
+    """Rebuild a distilled draft for `target` from a delta folder (default: the target's dtype), on the
+    base its JSON names (a truncated copy of the target, or the named draft model)."""
     meta_path = folder / DELTA_META
     if not meta_path.is_file() or not (folder / DELTA_WEIGHTS).is_file():
         raise QuickdraftError(f"{folder} holds no distilled draft ({DELTA_META} + {DELTA_WEIGHTS})")
     meta = json.loads(meta_path.read_text())
-    cfg = target.model.config
-    mine = {
-        "hidden_size": int(cfg.hidden_size),
-        "vocab_size": target.output_vocab_size,
-        "model_type": cfg.model_type,
-    }
-    wrong = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
-    if wrong:
-        raise QuickdraftError(
-            f"the distilled draft in {folder} was trained for another target "
-            f"({', '.join(f'{k}: draft {a} vs target {b}' for k, (a, b) in wrong.items())})"
-        )
-    draft = truncated_copy(target, int(meta["num_layers"]), dtype)
+    base = str(meta.get("init", f"truncated:{meta.get('num_layers')}"))
+    draft = _base(target, base, folder, meta, dtype)
     tensors = weight_files.read(folder / DELTA_WEIGHTS)  # bfloat16, or packed int8/int4 (the shipped one)
     own = dict(draft.model.named_parameters())
     missing = [n for n in tensors if n not in own]

@@ -1,4 +1,5 @@
-"""A GGUF Llama's or Qwen2's own quantized blocks as native-runtime linears, without a round trip.
+"""A GGUF Llama's or Qwen2's own quantized blocks, decoded for native-runtime linears without a round
+trip (the formats and their math; `runtime/gguf_linears.py` packs them into the kernel forms below).
 
     Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact), or
                                                        w4a8 blocks: d, min -8 d
@@ -36,12 +37,9 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.gguf_convert import IN_BLOCK, PERMUTED, open_gguf, unpermute_rows
-from quickdraft.weights.quant import Int4Linear, W8A8Linear, int8_linear, w8a8_linear
-from quickdraft.weights.w4a8 import W4A8Linear
+from quickdraft.weights.quant import Int4Linear
 
 _LAYER = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-Q8_FORMS = ("bf16", "int8", "w8a8")
-Q4_FORMS = ("int4", "w4a8")
 
 
 def _fp16(raw: np.ndarray) -> torch.Tensor:
@@ -168,42 +166,6 @@ def linear_tensors(path: Path, config):
             yield "lm_head.weight", None, t
 
 
-def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
-    """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
-
-    Args:
-        path: the .gguf file.
-        config: the model's Hugging Face config (heads, kv heads, tie_word_embeddings).
-        q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
-            re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid) or
-            "bf16" (left to the model's own weight).
-        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8". Q5_0 and
-            Q6_K follow `q8` ("bf16" aside: they become int8 then).
-
-    Returns:
-        ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the
-        loaded model (float types; Q8_0 as "bf16") are counted but not returned: the model was
-        converted from this same file, so its weights hold the same values.
-    """
-    if q8 not in Q8_FORMS or q4 not in Q4_FORMS:
-        raise QuickdraftError(f"GGUF forms {q8!r}, {q4!r}: choose from {', '.join(Q8_FORMS)} and {', '.join(Q4_FORMS)}")
-    heads = _permuted_heads(config)
-    linears: dict[str, object] = {}
-    types: dict[str, int] = {}
-    for name, role, t in linear_tensors(path, config):
-        kind = t.tensor_type.name
-        types[kind] = types.get(kind, 0) + 1
-        raw = np.asarray(t.data)
-        if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
-            continue
-        form = _blocks(raw, kind, path.name, t.name)
-        if role in heads:
-            order = unpermute_rows(raw.shape[0], heads[role])
-            form = (form[0], *(x[order] for x in form[1:]))
-        linears[name] = _kernel_form(form, q8, q4)
-    return linears, types
-
-
 def _permuted_heads(config) -> dict[str, int]:
     """{role: heads} of the linears whose rows llama.cpp permuted (q and k of a Llama; none for Qwen2)."""
     if config.model_type not in PERMUTED:
@@ -244,19 +206,6 @@ def _blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
         f"{file}: tensor {tensor} has GGUF type {kind}, which has no kernel form here "
         f"(supported: {', '.join(GGUF_DIRECT)}); use --quantize int4 or int8 instead"
     )
-
-
-def _kernel_form(form: tuple, q8: str, q4: str) -> object:
-    """The kernel-form linear of `_blocks`'s output: 4-bit blocks as int4 or w4a8, 8-bit ones as int8
-    (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes)."""
-    if form[0] == "q4":
-        return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
-    if form[0] == "q8" and q8 == "w8a8":
-        return W8A8Linear(*form[1:])
-    if form[0] == "float" and q8 == "w8a8":
-        return w8a8_linear(form[1])  # a slice of rows at a time
-    w = form[1].float() if form[0] == "float" else q8_values(*form[1:])
-    return int8_linear(w) if q8 == "int8" else w8a8_linear(w)
 
 
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer

@@ -1,4 +1,7 @@
-"""Weight-only int8 and int4 linears for the native runtime (PyTorch's own CPU kernels).
+"""The quantization modes (`QuantSpec`, parsed once at the edge) and the weight-only int8 and int4
+linears for the native runtime (PyTorch's own CPU kernels). The linears on quickdraft's own fused
+kernels (w8a8, w4a8) and the per-weight dispatch live in runtime/ (`runtime/w8a8.py`,
+`runtime/w4a8.py`, `runtime/quantized.py`), beside the kernels they call.
 
     none      bf16/float32 weights (runtime/linear.py)
     int8      one int8 per weight, one scale per output channel (`aten._weight_int8pack_mm`)
@@ -7,13 +10,13 @@
               kernels, runtime/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
               instruction
     w4a8      4-bit weights in blocks of 32 (a scale and a min each: a GGUF's Q4_1 blocks as they are)
-              times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `weights/w4a8.py`):
+              times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `runtime/w4a8.py`):
               5 bits a weight streamed, the fastest one-row step; the LM head stays w8a8
     w4a8-all  every linear, the LM head too, in min-max w4a8 blocks from the float weights, whatever finer
               blocks a GGUF holds: the cheapest step, lossy, made for a draft model (`model:NAME;quant=w4a8-all`)
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
-    gguf      a GGUF model's own blocks, packed without a round trip (weights/gguf_weights.py)
+    gguf      a GGUF model's own blocks, packed without a round trip (runtime/gguf_linears.py)
 
 Weights are quantized from float32 (the dequantized GGUF, or the checkpoint's own float32), never from
 bf16-rounded copies: issue #25's probe lost greedy agreement exactly there (0.87 against 0.98).
@@ -27,11 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import kernels
-from quickdraft.weights.w4a8 import w4a8_linear
 
 MODES = ("none", "int8", "w8a8", "w4a8", "w4a8-all", "int4", "gguf")
 INT4_GROUPS = (32, 64)
@@ -114,73 +114,6 @@ class Int8Linear:
         return self.q.numel() + 4 * self.scales.numel()
 
 
-class W8A8Linear:
-    """y = x W^T with W int8 in blocks of 32 inputs (one scale per output and block), x quantized the
-    same way per row on the fly (as llama.cpp's Q8_0 x Q8_0; `runtime/kernels`: `linear_w8a8`).
-
-    Args:
-        q: (out, in) int8 codes in [-127, 127].
-        scales: (out, ceil(in / 32)) float32 block scales: W[o, k] = q[o, k] * scales[o, k // 32].
-    """
-
-    __slots__ = ("shape", "scales", "packed", "packed_scales", "_kernel")
-
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor) -> None:
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
-        self.shape, self.scales = tuple(q.shape), scales.float().contiguous()
-        self.packed = ops.pack_int8(q.contiguous())  # (ceil(out/16), blocks * 8, 16, 4) uint8: q + 128
-        self.packed_scales = ops.pack_blocks(self.scales)
-        self._kernel = ops.linear_w8a8
-
-    @property
-    def q(self) -> torch.Tensor:
-        """(out, in) int8 codes, unpacked from `packed` (not kept beside it)."""
-        nb, groups = self.packed.shape[:2]
-        q = (self.packed.to(torch.int16) - 128).to(torch.int8).permute(0, 2, 1, 3).reshape(nb * 16, groups * 4)
-        return q[: self.shape[0], : self.shape[1]].contiguous()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed, self.packed_scales)
-
-    def rows(self, ids: torch.Tensor) -> W8A8Linear:
-        return W8A8Linear(self.q[ids], self.scales[ids])
-
-    def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.shape[1]]
-
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + 4 * self.scales.numel()
-
-
-CHUNK_ROWS = 4096  # rows quantized at a time: a 151,936-row LM head's float temporaries stay ~100 MB
-
-
-def _w8a8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q (out, in) int8, scales (out, blocks)) of float rows, absmax / 127 per block of 32."""
-    w = w.detach().float()
-    out, k = w.shape
-    blocks = -(-k // W8A8_BLOCK)
-    padded = F.pad(w, (0, blocks * W8A8_BLOCK - k)).view(out, blocks, W8A8_BLOCK)
-    scales = (padded.abs().amax(dim=-1) / 127).clamp_min(1e-12)
-    q = torch.round(padded / scales[..., None]).clamp(-127, 127).to(torch.int8).view(out, -1)[:, :k]
-    return q, scales
-
-
-def w8a8_linear(weight: torch.Tensor) -> W8A8Linear:
-    """Symmetric int8 of a float (out, in) weight in blocks of 32 inputs (absmax / 127 per block),
-    CHUNK_ROWS rows at a time (rows are independent)."""
-    parts = [_w8a8_codes(weight[i : i + CHUNK_ROWS]) for i in range(0, weight.shape[0], CHUNK_ROWS)]
-    return W8A8Linear(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-
-
 class Int4Linear:
     """y = x W^T with W[o, g*G + j] = (q[o, g*G + j] - 8) * scale[o, g] + zero[o, g], q in 0..15.
 
@@ -250,16 +183,3 @@ def int4_linear(weight: torch.Tensor, group: int = 32) -> Int4Linear:
     scale = ((hi - lo) / 15).clamp_min(1e-12)
     q = torch.round((blocks - lo[..., None]) / scale[..., None]).clamp(0, 15).view(out, k)
     return Int4Linear(q, scale, lo + 8 * scale, group)
-
-
-def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
-    """The kernel-form linear of a float32 (out, in) weight for `spec` (int8, w8a8, w4a8 or int4)."""
-    if spec.mode == "int8":
-        return int8_linear(weight)
-    if spec.mode == "w8a8":
-        return w8a8_linear(weight)
-    if spec.mode in ("w4a8", "w4a8-all"):
-        return w4a8_linear(weight)
-    if spec.mode == "int4":
-        return int4_linear(weight, spec.group)
-    raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")

@@ -3,8 +3,8 @@
 //   block_ops.h    add_rms_norm, rope_store, silu_mul, gelu_tanh_mul      (runtime/llama_block.py)
 //   attention.h    attend                                                 (runtime/llama_block.py)
 //   linear_bf16.h  pack_bf16, linear_packed                               (runtime/linear.py)
-//   linear_int8.h  pack_int8, pack_blocks, linear_w8a8                    (weights/quant.py)
-//   linear_q4.h    pack_q4, linear_w4a8                                   (weights/w4a8.py)
+//   linear_int8.h  pack_int8, pack_blocks, linear_w8a8                    (runtime/w8a8.py)
+//   linear_q4.h    pack_q4, linear_w4a8                                   (runtime/w4a8.py)
 //   layers.h       llama_layers: the kernels above over a run of layers   (runtime/fused_layers.py)
 //
 // A one-row step of a small model is dominated by per-op overhead, not arithmetic: torch.profiler on

@@ -1,5 +1,5 @@
 // pack_int8 / pack_blocks / linear_w8a8: int8 weights x int8 activations in blocks of 32 (VNNI where
-// present), and the rows' int8 quantization shared with the 4-bit linear. Python: weights/quant.py.
+// present), and the rows' int8 quantization shared with the 4-bit linear. Python: runtime/w8a8.py.
 // A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
 // shared helpers): not compiled alone.
 #pragma once

@@ -1,5 +1,5 @@
 // pack_q4 / linear_w4a8: 4-bit weights (a GGUF's Q4_0/Q4_1 blocks) x int8 activations (VNNI where
-// present). Python: weights/w4a8.py.
+// present). Python: runtime/w4a8.py.
 // A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
 // shared helpers): not compiled alone.
 #pragma once

@@ -19,11 +19,14 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import release_free_memory
+from quickdraft.runtime.gguf_linears import gguf_linears
+from quickdraft.runtime.rows import fused_slices
+from quickdraft.runtime.w4a8 import w4a8_linear
+from quickdraft.runtime.w8a8 import w8a8_linear
 from quickdraft.weights.gguf_convert import open_gguf
-from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_linears, gguf_types
+from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_types
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec, check_dtype, quantize_weight
-from quickdraft.weights.rows import fused_slices
+from quickdraft.weights.quant import QuantSpec, check_dtype, int4_linear, int8_linear
 
 LINEARS = (
     "self_attn.q_proj",
@@ -207,3 +210,16 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
     else:
         linears, source = {}, "no quantization"
     return Quantized(spec, fuse_layers(linears, config), source, time.perf_counter() - start)
+
+
+def quantize_weight(weight: torch.Tensor, spec: QuantSpec):
+    """The kernel-form linear of a float32 (out, in) weight for `spec` (int8, w8a8, w4a8 or int4)."""
+    if spec.mode == "int8":
+        return int8_linear(weight)
+    if spec.mode == "w8a8":
+        return w8a8_linear(weight)
+    if spec.mode in ("w4a8", "w4a8-all"):
+        return w4a8_linear(weight)
+    if spec.mode == "int4":
+        return int4_linear(weight, spec.group)
+    raise ValueError(f"quantize_weight: no per-weight form for {spec.mode!r}")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.weights.quant import Int4Linear, Int8Linear, W8A8Linear
-from quickdraft.weights.w4a8 import W4A8Linear
-from quickdraft.weights.w4a8 import concat as concat_w4a8
+from quickdraft.runtime.w4a8 import W4A8Linear
+from quickdraft.runtime.w4a8 import concat as concat_w4a8
+from quickdraft.runtime.w8a8 import W8A8Linear
+from quickdraft.weights.quant import Int4Linear, Int8Linear
 
 
 class RowSlice:
