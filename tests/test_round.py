@@ -35,10 +35,12 @@ def _names(path: Path) -> set[str]:
 
 def test_only_the_round_loop_applies_the_lossless_rules():
     """One round loop: the sequential and the batched decoders both call `RoundLoop.step`, and no
-    decoder but it (and PEARL, which judges through the verifiers) calls the tree rules itself."""
+    decoder but it calls the tree rules itself; PEARL's state machine judges its chain with the same
+    rules (verifiers/tree.py: its deterministic drafts through `follow_greedy`, the rest through the
+    verifier objects), not a copy of them."""
     rules = {"follow_greedy", "verify_tree_sampling"}
     callers = sorted(str(p.relative_to(SRC)) for p in (SRC / "decoding").glob("*.py") if rules & _names(p))
-    assert callers == ["decoding/round.py"]
+    assert callers == ["decoding/pearl_logic.py", "decoding/round.py"]
     for loop in ("vanilla.py", "batch.py"):
         assert "RoundLoop" in _names(SRC / "decoding" / loop)
 

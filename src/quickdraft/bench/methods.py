@@ -122,7 +122,7 @@ class QuickdraftMethod:
         self.spec = spec
         own = {k: v for k, v in spec.options if option_name(k, OPTIONS) not in SAMPLING}
         self.sampling = {k: v for k, v in spec.options if option_name(k, OPTIONS) in SAMPLING}
-        self.sampled = request_from(self.sampling, where=f"{spec.text}: ").sampling.temperature > 0
+        request_from(self.sampling, where=f"{spec.text}: ")  # a bad value is refused here, at build
         self.seeds = 0  # runs so far: each sampled run's seed (reproducible, one stream per run)
         values = {"method": spec.name, "dtype": dtype, "runtime": runtime, "quantize": quantize, **own}
         allowed = ("method", "dtype", "runtime", "quantize", *METHODS[spec.name].options)

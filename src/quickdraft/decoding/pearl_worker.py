@@ -20,6 +20,7 @@ from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
 from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
 from quickdraft.verifiers.tree import TokenTree
+from quickdraft.weights.quant import QuantSpec
 
 TARGET, DRAFT = 0, 1
 
@@ -35,7 +36,7 @@ class ParallelSpec:
     verifier: str | None
     cores: tuple[tuple[int, ...], tuple[int, ...]]
     runtime: str = "auto"
-    quantize: str = "none"
+    quant: QuantSpec = QuantSpec()  # the engine's parsed --quantize (EngineConfig.quant)
 
 
 # --- worker side ----------------------------------------------------------------------------------
