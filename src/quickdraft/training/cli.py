@@ -18,7 +18,9 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument("--output", required=True, help="run folder; running again with the same options resumes")
     add_option_flags(d, ("target",), keep_defaults=True)
     d.add_argument(
-        "--init", default="truncated:2", help="truncated:N | small:layers=N,hidden=H,... (default truncated:2)"
+        "--init",
+        default="truncated:2",
+        help="truncated:N | model:NAME|PATH | small:layers=N,hidden=H,... (default truncated:2)",
     )
     d.add_argument("--divergence", default="fkl", help="fkl = KL(p||q), rkl = KL(q||p), jsd[:BETA], tvd (default fkl)")
     d.add_argument(
