@@ -78,7 +78,10 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> None:
                 _say(f"{step.group(1)}%")
         code = proc.wait()
     if code != 0:
-        errors = [ln.strip() for ln in log.read_text().splitlines() if "error" in ln.lower()]
+        lines = log.read_text().splitlines()
+        errors = [ln.strip() for ln in lines if "error:" in ln.lower()] or [
+            ln.strip() for ln in lines if "error" in ln.lower()
+        ]
         raise QuickdraftError(f"building {BINARY} failed: {errors[0] if errors else cmd[0] + ' exited ' + str(code)}")
 
 
@@ -98,11 +101,14 @@ def speculative_binary() -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent.parent) as tmp:
         work = Path(tmp)
         _say(f"fetching llama-cpp-python {version}'s sdist, building {BINARY} (about 6 min on 2 cores)")
-        subprocess.run(
+        fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(work),
              f"llama-cpp-python=={version}"],
-            check=True,
+            capture_output=True, text=True,
         )  # fmt: skip
+        if fetched.returncode != 0:
+            last = (fetched.stderr.strip().splitlines() or ["pip exited " + str(fetched.returncode)])[-1]
+            raise QuickdraftError(f"fetching llama-cpp-python {version}'s sdist failed: {last}")
         sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
