@@ -12,7 +12,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.w4a8 import W4A8Linear
 from quickdraft.runtime.w8a8 import W8A8Linear, w8a8_linear
 from quickdraft.weights.gguf_convert import unpermute_rows
-from quickdraft.weights.gguf_weights import _blocks, _permuted_heads, int4_form, linear_tensors, q8_values
+from quickdraft.weights.gguf_weights import int4_form, linear_tensors, permuted_heads, q8_values, tensor_blocks
 from quickdraft.weights.quant import int8_linear
 
 Q8_FORMS = ("bf16", "int8", "w8a8")
@@ -38,7 +38,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
     """
     if q8 not in Q8_FORMS or q4 not in Q4_FORMS:
         raise QuickdraftError(f"GGUF forms {q8!r}, {q4!r}: choose from {', '.join(Q8_FORMS)} and {', '.join(Q4_FORMS)}")
-    heads = _permuted_heads(config)
+    heads = permuted_heads(config)
     linears: dict[str, object] = {}
     types: dict[str, int] = {}
     for name, role, t in linear_tensors(path, config):
@@ -47,7 +47,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        form = _blocks(raw, kind, path.name, t.name)
+        form = tensor_blocks(raw, kind, path.name, t.name)
         if role in heads:
             order = unpermute_rows(raw.shape[0], heads[role])
             form = (form[0], *(x[order] for x in form[1:]))
@@ -56,7 +56,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
 
 
 def _kernel_form(form: tuple, q8: str, q4: str) -> object:
-    """The kernel-form linear of `_blocks`'s output: 4-bit blocks as int4 or w4a8, 8-bit ones as int8
+    """The kernel-form linear of `tensor_blocks`'s output: 4-bit blocks as int4 or w4a8, 8-bit ones as int8
     (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes)."""
     if form[0] == "q4":
         return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])

@@ -44,6 +44,7 @@ LINEARS = (
 GGUF_Q8 = "int8"
 INT4_HEAD = "int8"
 W4A8_HEAD = "w8a8"  # w4a8 keeps an 8-bit head as well: the GGUF's Q8_0 head on the same grid
+HEADS = {"int4": QuantSpec(INT4_HEAD), "w4a8": QuantSpec(W4A8_HEAD)}  # a mode's LM head, where it differs
 
 
 @dataclass
@@ -146,8 +147,15 @@ def _gguf_w4a8(loaded: LoadedModel, types: dict[str, str]) -> tuple[dict[str, ob
     if not types or not set(types.values()) <= set(GGUF_DIRECT):
         return None
     linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
-    counts = ", ".join(f"{t} x{n}" for t, n in sorted(counted.items()))
-    return linears, f"{loaded.gguf.name} ({counts}; 4-bit and Q8_0/Q5_0 blocks as stored, Q6_K re-rounded to w8a8)"
+    return (
+        linears,
+        f"{loaded.gguf.name} ({_counts(counted)}; 4-bit and Q8_0/Q5_0 blocks as stored, Q6_K re-rounded to w8a8)",
+    )
+
+
+def _counts(types: dict[str, int]) -> str:
+    """A GGUF's linears by block type, as the source line names them: "Q4_K x168, Q6_K x29"."""
+    return ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
 
 
 def _finer_than_4_bits(types: dict[str, str]) -> set[str]:
@@ -192,11 +200,10 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
                 "use --quantize int4 or int8"
             )
         linears, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
-        counts = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
-        source = f"{loaded.gguf.name} ({counts}; Q8_0 as {GGUF_Q8})"
+        source = f"{loaded.gguf.name} ({_counts(types)}; Q8_0 as {GGUF_Q8})"
     elif spec.active:
         weight, source = _float32_source(loaded)
-        head = QuantSpec({"int4": INT4_HEAD, "w4a8": W4A8_HEAD}[spec.mode]) if spec.mode in ("int4", "w4a8") else spec
+        head = HEADS.get(spec.mode, spec)
         finer = _finer_than_4_bits(types)
         if finer:
             source += f"; {len(finer)} linears stored finer than 4 bits in {loaded.gguf.name} as {W4A8_HEAD}"

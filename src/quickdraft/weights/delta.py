@@ -62,8 +62,8 @@ def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch
         check_vocab(target, draft)
         mine = {"hidden_size": int(draft.model.config.hidden_size), "num_layers": draft.model.config.num_hidden_layers}
         what = f"another base than {base}"
-    else:
-        cfg = target.model.config
+    else:  # a truncated copy of the target, made once the delta is known to fit it
+        draft, cfg = None, target.model.config
         mine = {
             "hidden_size": int(cfg.hidden_size),
             "vocab_size": target.output_vocab_size,
@@ -76,9 +76,7 @@ def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch
             f"the distilled draft in {folder} was trained for {what} "
             f"({', '.join(f'{k}: draft {a} vs {b}' for k, (a, b) in wrong.items())})"
         )
-    if base.startswith("model:"):
-        return draft
-    return truncated_copy(target, int(meta["num_layers"]), dtype)
+    return draft if draft is not None else truncated_copy(target, int(meta["num_layers"]), dtype)
 
 
 def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:

@@ -166,7 +166,7 @@ def linear_tensors(path: Path, config):
             yield "lm_head.weight", None, t
 
 
-def _permuted_heads(config) -> dict[str, int]:
+def permuted_heads(config) -> dict[str, int]:
     """{role: heads} of the linears whose rows llama.cpp permuted (q and k of a Llama; none for Qwen2)."""
     if config.model_type not in PERMUTED:
         return {}
@@ -179,7 +179,7 @@ def gguf_float_reader(path: Path, config):
     from gguf.quants import dequantize
 
     tensors = {name: (t, role) for name, role, t in linear_tensors(path, config)}
-    heads = _permuted_heads(config)
+    heads = permuted_heads(config)
 
     def read(name: str) -> torch.Tensor:
         t, role = tensors[name]
@@ -192,7 +192,7 @@ def gguf_float_reader(path: Path, config):
     return read
 
 
-def _blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
+def tensor_blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
     """(form, *tensors) of a quantized GGUF tensor: ("q4", codes, d, m), ("q8", q, d) or ("float", w)."""
     if kind in ("Q4_0", "Q4_1"):
         return ("q4", *q4_blocks(raw, kind))
