@@ -231,7 +231,7 @@ def int8_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @needs_ops
-@pytest.mark.parametrize("rows", [1, 3, 4, 6, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
     from quickdraft.runtime.w8a8 import w8a8_linear
@@ -246,7 +246,24 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
     torch.testing.assert_close(lin(x).float(), want, atol=tol * want.abs().max().item(), rtol=tol)
     assert lin(x).dtype == dtype
     # a row's output does not depend on the other rows (integer sums, per-row scales): batch-invariant
-    torch.testing.assert_close(lin(x[:1]), lin(x)[:1], atol=0, rtol=0)
+    torch.testing.assert_close(torch.cat([lin(x[i : i + 1]) for i in range(rows)]), lin(x), atol=0, rtol=0)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [2, 5, 9])
+def test_int8_rows_quantized_in_parallel_are_each_row_alone(rows, ops):
+    """Rows wide enough that their activation blocks are quantized on both threads, and tiles of 5 and 6
+    rows that read the weights once: each row's output is the same bits as the row alone."""
+    from quickdraft.runtime.w4a8 import w4a8_linear
+    from quickdraft.runtime.w8a8 import w8a8_linear
+
+    torch.manual_seed(rows)
+    w = torch.randn(40, 4100)
+    x = torch.randn(rows, 4100, dtype=torch.bfloat16)
+    for lin in (w8a8_linear(w), w4a8_linear(w)):
+        want = F.linear(int8_rows(x), lin.dequantized())
+        torch.testing.assert_close(lin(x).float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+        torch.testing.assert_close(torch.cat([lin(x[i : i + 1]) for i in range(rows)]), lin(x), atol=0, rtol=0)
 
 
 @needs_ops

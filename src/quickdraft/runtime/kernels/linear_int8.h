@@ -13,6 +13,7 @@
 // row and block), then are converted and scaled:
 // y[m, n] = sum_b s_x[m, b] s_w[n, b] (sum_{k in b} (q + 128) x_q - 128 sum_{k in b} x_q).
 constexpr int kQBlock = 32;  // inputs per scale block
+constexpr int64_t kW8Ahead = 12 * kQBlock * kBlock;  // bytes fetched ahead of the block being multiplied
 
 Tensor pack_int8(const Tensor& q) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 CPU weight");
@@ -44,6 +45,10 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     __m512i acc[MB][NB];
     for (int m = 0; m < MB; ++m)
       for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_si512();
+    if constexpr (MB > 1)  // several rows compute longer than the block's bytes take to arrive: fetch ahead
+      for (int n = 0; n < NB; ++n)
+        for (int l = 0; l < kQBlock * kBlock; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(w + n * bs + b * kQBlock * kBlock + kW8Ahead + l), _MM_HINT_T0);
     for (int64_t k = b * (kQBlock / 4); k < (b + 1) * (kQBlock / 4); ++k) {
       __m512i wv[NB];
       for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_si512(w + n * bs + k * 4 * kBlock);
@@ -108,6 +113,11 @@ template <int NB, typename out_t>
 inline void w8a8_rows(const int8_t* x, int64_t M, int64_t xs, int64_t KB, const uint8_t* w, int64_t bs,
                       const float* ws, int64_t ss, const float* sx, const int32_t* xc, int64_t sxs, out_t* y,
                       int64_t ys) {
+  if (M == 5 || M == 6) {  // one pass over the weights (24 accumulators and the weights fit the 32 registers)
+    if (M == 5) w8a8_tile<5, NB>(x, xs, KB, w, bs, ws, ss, sx, xc, sxs, y, ys);
+    else w8a8_tile<6, NB>(x, xs, KB, w, bs, ws, ss, sx, xc, sxs, y, ys);
+    return;
+  }
   int64_t m = 0;
   for (; m + 4 <= M; m += 4)
     w8a8_tile<4, NB>(x + m * xs, xs, KB, w, bs, ws, ss, sx + m * sxs, xc + m * sxs, sxs, y + m * ys, ys);
@@ -139,25 +149,31 @@ void w8a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
 // rows (M, K) -> per row and block of 32: symmetric int8 codes (row stride Kp), their scales and 128 x their sums
 template <typename in_t>
 void quantize_rows(const in_t* X, int64_t M, int64_t K, int64_t Kp, int64_t KB, int8_t* xq, float* sx, int32_t* xc) {
-  float buf[kQBlock];
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < KB; ++b) {
-      const int64_t k0 = b * kQBlock, n = std::min<int64_t>(K, k0 + kQBlock) - k0;
-      float amax = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        buf[i] = static_cast<float>(X[m * K + k0 + i]);
-        amax = std::max(amax, std::fabs(buf[i]));
-      }
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      sx[m * KB + b] = amax / 127.f;
-      int32_t sum = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t v = static_cast<int32_t>(std::lrint(buf[i] * inv));  // inlined: no errno
-        xq[m * Kp + k0 + i] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      xc[m * KB + b] = 128 * sum;
+  const auto one = [&](int64_t m, int64_t b) {  // one row's block: independent of every other
+    float buf[kQBlock];
+    const int64_t k0 = b * kQBlock, n = std::min<int64_t>(K, k0 + kQBlock) - k0;
+    float amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      buf[i] = static_cast<float>(X[m * K + k0 + i]);
+      amax = std::max(amax, std::fabs(buf[i]));
     }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    sx[m * KB + b] = amax / 127.f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = static_cast<int32_t>(std::lrint(buf[i] * inv));  // inlined: no errno
+      xq[m * Kp + k0 + i] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    xc[m * KB + b] = 128 * sum;
+  };
+  if (M == 1) {  // a one-row step: too little work to share
+    for (int64_t b = 0; b < KB; ++b) one(0, b);
+    return;
+  }
+  at::parallel_for(0, M * KB, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) one(i / KB, i % KB);
+  });
 }
 
 // A call's rows quantized as `quantize_rows` does, into this thread's buffers (reused call after call):

@@ -3,6 +3,8 @@
 // A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
 // shared helpers): not compiled alone.
 #pragma once
+#define QD_AHEAD 24
+
 
 // ---- 4-bit weights x int8 activations in blocks of 32 (W4A8, as llama.cpp's Q4_1 x Q8_1) on VNNI ---------
 // Weights: codes q in 0..15 with one fp16 scale d and min m per output and block of 32 inputs, w = q d + m
@@ -14,6 +16,7 @@
 // back through the activations' block sum: y[r, n] = sum_b s_x[r, b] (d[n, b] sum_k q x_q + m[n, b] sum_k x_q).
 // A row's arithmetic does not depend on the rows beside it (integer sums, then one float order): batch-invariant.
 constexpr int64_t kQ4Bytes = 4 * 64 + 2 * 2 * kBlock;
+constexpr int64_t kQ4Ahead = QD_AHEAD * kQ4Bytes;  // bytes fetched ahead of the block being multiplied
 
 inline uint16_t half_bits(float f) { return c10::Half(f).x; }
 
@@ -55,6 +58,8 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   for (int m = 0; m < MB; ++m) facc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* wb = w + b * kQ4Bytes;
+    if constexpr (MB > 1)  // a tile of several rows computes longer than its bytes take to arrive: fetch ahead
+      for (int l = 0; l < kQ4Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
     __m512i lo_acc[MB], hi_acc[MB];
     for (int m = 0; m < MB; ++m) lo_acc[m] = hi_acc[m] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
