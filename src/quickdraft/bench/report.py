@@ -74,7 +74,12 @@ def _peer_notes(summary: dict) -> list[str]:
         lines += [
             f"Peak memory (RSS): the bench {peak['bench']:,.0f} MiB"
             + "".join(f", `{name}`'s process {mib:,.0f} MiB" for name, mib in peak["children"].items())
-            + f" (at most {peak['sum']:,.0f} MiB together).",
+            + f" (at most {peak['sum']:,.0f} MiB together)"
+            + (
+                f"; measured together (summed PSS, sampled): {peak['together_pss']:,.0f} MiB."
+                if peak.get("together_pss")
+                else "."
+            ),
             "",
         ]
     if summary.get("failed"):

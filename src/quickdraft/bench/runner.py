@@ -8,6 +8,7 @@ hits all of them alike. Plain decoding ("ar") is always measured in the same run
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -19,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.bench.datasets import load_prompts
+from quickdraft.bench.memory import TreePeak, peak_rss_mib
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.bench.peer_process import PeerCrashed
@@ -111,7 +113,16 @@ def _methods_with_ar(text: str, default: str = "none") -> list[MethodSpec]:
 
 
 def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: bool = True) -> dict:
-    """Run the benchmark; returns the summary written to OUT/results.json."""
+    """Run the benchmark; returns the summary written to OUT/results.json. The memory of the bench and
+    of every process under it is sampled throughout (`bench/memory.py`)."""
+    memory = TreePeak(os.getpid()).start()
+    try:
+        return _run_bench(config, target, progress, memory)
+    finally:
+        memory.stop()
+
+
+def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, memory: TreePeak) -> dict:
     if config.runs < 1 or config.max_new_tokens < 1:
         raise QuickdraftError("--runs and --max-new-tokens must be >= 1")
     if config.threads is not None:
@@ -196,7 +207,7 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
         summary["peer_builds"] = builds
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
-    summary["peak_rss_mib"] = peak_rss_mib()
+    summary["peak_rss_mib"] = {**peak_rss_mib(), "together_pss": memory.stop()}
     summary["prompt_set"] = {
         "source": config.prompts,
         "num_prompts": len(records),
@@ -221,18 +232,6 @@ def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: 
     if silent:
         raise QuickdraftError(f"speculative method(s) drafted nothing: {', '.join(silent)} (see {out}/report.md)")
     return summary
-
-
-def peak_rss_mib() -> dict[str, float]:
-    """Peak resident memory (MiB): this process's, each peer process's (llama.cpp: read before it
-    closed), and their sum (an upper bound on the peak of all together)."""
-    import resource
-
-    from quickdraft.bench.peer_process import CHILD_PEAKS
-
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    children = {name: round(kib / 1024) for name, kib in CHILD_PEAKS.items()}
-    return {"bench": round(me), "children": children, "sum": round(me + sum(children.values()))}
 
 
 class Failures:

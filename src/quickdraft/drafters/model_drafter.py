@@ -55,9 +55,10 @@ class ModelDrafter(Drafter):
     drafts_trees = True
     can_review = True
 
-    def __init__(self, model: CachedModel, name: str = "model") -> None:
+    def __init__(self, model: CachedModel, name: str = "model", weights: object = None) -> None:
         self.model = model
         self.name = name
+        self.weights = weights  # the quantized forms `model` runs: held, so other drafters reuse them (shared)
         self._forwards_at_begin = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -71,7 +72,7 @@ class ModelDrafter(Drafter):
 
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
-        return ModelDrafter(self.model.twin(), self.name)
+        return ModelDrafter(self.model.twin(), self.name, self.weights)
 
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
@@ -174,8 +175,9 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
         raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
     check_dtype(draft.model.dtype, f"drafter {spec}")
     vocab_size = check_vocab(target, draft)
-    linears = quantize_model(draft, mode).linears
-    return ModelDrafter(cached_model(draft.model, vocab_size, draft.head_ids, "native", linears), name=str(spec))
+    quantized = quantize_model(draft, mode)  # one copy while a drafter holds it: the bench's methods share it
+    model = cached_model(draft.model, vocab_size, draft.head_ids, "native", quantized.linears)
+    return ModelDrafter(model, name=str(spec), weights=quantized)
 
 
 def parse_truncated(arg: str | None) -> int:
@@ -208,7 +210,7 @@ def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     model = target.model if own == target.model.dtype else copy.deepcopy(target.model).to(own)
     quantized = quantize_model(target, parse_quant(spec.arg), own)
     head = restricted_head(target, split_vocab("quant", spec.arg)[1])
-    return ModelDrafter(cached_model(model, target.vocab_size, head, "native", quantized.linears), name=str(spec))
+    return ModelDrafter(cached_model(model, target.vocab_size, head, "native", quantized.linears), str(spec), quantized)
 
 
 def _export_model(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:

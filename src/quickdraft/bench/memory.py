@@ -1,0 +1,100 @@
+"""The memory a bench holds, all its processes together: the peak of their summed PSS, sampled.
+
+Each process's peak RSS (VmHWM) overstates what processes hold together: pages they share (a GGUF
+that two llama.cpp workers map, the page cache behind a memory-mapped safetensors file) count once in
+each, and peaks reached at different times add up as if they were simultaneous. The proportional set
+size (PSS, /proc/PID/smaps_rollup) splits every shared page between its mappers, so the PSS of the
+bench and of every process under it sums to the physical memory they hold at that moment. `TreePeak`
+samples that sum in a background thread and keeps its largest value (Linux only; elsewhere None).
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+from pathlib import Path
+
+from quickdraft.bench.peer_process import CHILD_PEAKS
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, their children, ...), from /proc's children lists."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def pss_kib(pid: int) -> int:
+    """A live process's proportional set size (KiB); 0 where it cannot be read (gone, no permission)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith("Pss:")), 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def tree_pss_kib(pid: int) -> int:
+    """The summed PSS (KiB) of `pid` and every process below it."""
+    return sum(pss_kib(p) for p in [pid, *descendants(pid)])
+
+
+class TreePeak:
+    """The largest summed PSS of a process tree, sampled every `interval` seconds while running.
+
+    Args:
+        pid: the tree's root (this process).
+        interval: seconds between samples (a sample reads one small /proc file per process).
+    """
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval = pid, interval
+        self.peak_kib = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="quickdraft-memory", daemon=True)
+
+    @property
+    def supported(self) -> bool:
+        return Path(f"/proc/{self.pid}/smaps_rollup").is_file()
+
+    def start(self) -> TreePeak:
+        if self.supported:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> int:
+        """Take one sample now; returns it (KiB)."""
+        now = tree_pss_kib(self.pid)
+        self.peak_kib = max(self.peak_kib, now)
+        self.samples += 1
+        return now
+
+    def stop(self) -> float | None:
+        """Stop sampling (after one last sample); the peak in MiB, or None where PSS cannot be read."""
+        if not self.supported:
+            return None
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sample()
+        return round(self.peak_kib / 1024)
+
+
+def peak_rss_mib() -> dict[str, float]:
+    """Peak resident memory (MiB): this process's, each peer process's (llama.cpp: read before it
+    closed), and their sum (an upper bound on the peak of all together)."""
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    children = {name: round(kib / 1024) for name, kib in CHILD_PEAKS.items()}
+    return {"bench": round(me), "children": children, "sum": round(me + sum(children.values()))}
