@@ -217,3 +217,16 @@ def test_our_gguf_reader_gives_gguf_readers_tensors(tmp_path):
             assert (a.name, a.tensor_type, a.shape) == (b.name, b.tensor_type, tuple(int(x) for x in b.shape))
             assert a.data.shape == b.data.shape and a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
     assert GGUFFile(path).fields["qwen2.block_count"] == 3 and GGUFFile(path).fields["general.architecture"] == "qwen2"
+
+
+def test_a_named_target_loads_by_its_display_name_too(monkeypatch):
+    """PEARL's workers load the target again by the name a loaded model carries (its display name)."""
+    from quickdraft.weights import default
+
+    monkeypatch.setattr(default, "ensure_named_target", lambda key: f"folder of {key}")
+    monkeypatch.setattr(default, "named_gguf", lambda key: f"gguf of {key}")
+    shown = default.NAMED_TARGETS["qwen2.5-coder-1.5b"].name
+    assert shown != "qwen2.5-coder-1.5b"
+    assert default.converted_target(shown) == default.converted_target("qwen2.5-coder-1.5b")
+    assert default.converted_target(shown)[0] == "folder of qwen2.5-coder-1.5b"
+    assert default.converted_target("Not-A-Model") is None  # negative control: any other name is a folder path

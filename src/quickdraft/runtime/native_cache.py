@@ -93,13 +93,10 @@ class NativeCachedModel(TokenCacheVerbs):
         self._shallow_stop = 0
         self._block_start = 0  # where the last extend's rows begin (for compact)
         self.head_ids = None if head_ids is None else check_head_ids(head_ids, self.vocab_size)
-        if self.head_ids is not None:
-            self.head = self.net.head[self.head_ids].contiguous()  # (K, H)
-        else:
-            self.head = self.net.head[: self.vocab_size]  # a view: drops a padded tail, no copy
         quantized = self.net.head_linear  # a kernel-form head (rows are independent: cut exactly)
-        if quantized is None:
-            self.head_linear = Linear(self.head, self.net.packed)  # packed where the blocks are
+        if quantized is None:  # the float head: its kept rows (a copy only where restricted), packed where it pays
+            rows = self.net.head[: self.vocab_size] if self.head_ids is None else self.net.head[self.head_ids]
+            self.head_linear = Linear(rows.contiguous(), self.net.packed)
         elif self.head_ids is not None:
             self.head_linear = quantized.rows(self.head_ids)
         elif quantized.out_features != self.vocab_size:

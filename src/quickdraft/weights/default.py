@@ -181,12 +181,14 @@ def ensure_named_target(key: str) -> Path:
 
 def converted_target(path: str | None) -> tuple[Path, str, Path | None] | None:
     """(converted folder, display name, the GGUF it came from) of a target that ships as a GGUF: the
-    embedded default (None or "default"), a named target, or a FILE.gguf, converted on first use;
+    embedded default (None or "default"), a named target (by its name or the display name a loaded
+    model carries: PEARL's workers load it again by that), or a FILE.gguf, converted on first use;
     None for anything else (a Hugging Face folder)."""
     if path in (None, "default", DEFAULT_MODEL_NAME):
         return ensure_default_model(), DEFAULT_MODEL_NAME, default_gguf()
-    if path in NAMED_TARGETS:  # e.g. gemma3-270m: a GGUF shipped by an optional package
-        return ensure_named_target(path), NAMED_TARGETS[path].name, named_gguf(path)
+    key = next((k for k, t in NAMED_TARGETS.items() if path in (k, t.name)), None)  # its name or its display name
+    if key is not None:  # e.g. gemma3-270m: a GGUF shipped by an optional package
+        return ensure_named_target(key), NAMED_TARGETS[key].name, named_gguf(key)
     if str(path).endswith(".gguf"):
         gguf = Path(path).expanduser()
         return ensure_gguf_file(gguf), gguf.stem, gguf
