@@ -142,6 +142,38 @@ def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
         assert isinstance(METHODS["pearl"].build(engine.parts, SamplingConfig()).guard, DraftGuard) is guarded
 
 
+@pytest.mark.parametrize("pre_verify", [True, False])
+def test_pearls_guard_is_charged_for_every_drafted_token(pre_verify):
+    """Without pre-verify PEARL drafts in rounds with no verify (draft-only rounds); their tokens are
+    committed later, so their cost joins the next verified round's: the guard is charged for every
+    drafted token once, kept or thrown away."""
+    from quickdraft.decoding.pearl import PearlDecoder
+    from quickdraft.decoding.pearl_logic import PearlConfig
+    from quickdraft.verifiers import GreedyMatch
+
+    target = tiny_llama(dtype=torch.float64)
+    charged = []
+
+    def cost(rows: int, nodes: int) -> float:
+        charged.append(nodes)
+        return 0.0  # drafting always pays: every round drafts
+
+    class Counted(PromptLookupDrafter):
+        proposed = 0
+
+        def propose(self, *args, **kwargs):
+            tree = super().propose(*args, **kwargs)
+            Counted.proposed += len(tree.tokens)
+            return tree
+
+    config = PearlConfig(pre_verify=pre_verify)
+    pearl = PearlDecoder(NativeCachedModel(target.model), Counted(), GreedyMatch(), config, 3)
+    pearl.guard = DraftGuard(cost, window=2)
+    got = _run(pearl, [5, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9])
+    assert got.stats.num_draft_tokens > 0 and got.stats.extra["pearl_runs"] > 0
+    assert sum(charged) == Counted.proposed  # drafted tokens, kept or thrown away
+
+
 @pytest.mark.parametrize("draft_steps", [0.0, 6.0])
 def test_the_batch_guard_prices_every_rows_drafting(draft_steps):
     """A batch's guard judges the whole round (its forward on the surface plus every row's drafting)

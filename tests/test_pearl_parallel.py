@@ -12,6 +12,7 @@ import pytest
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
+from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.loading import load_model
@@ -26,7 +27,7 @@ PROMPTS = [[5, 6, 7, 8], [9, 9, 9], [10, 20, 10, 20, 10]]
 
 def _spec(model_dir, drafter="truncated:1", **pearl):
     cfg = PearlConfig(**{"gamma": 3, **pearl})
-    return ParallelSpec(model_dir, drafter, "float32", cfg, None, split_cores())
+    return ParallelSpec(model_dir, parse_drafter_spec(drafter), "float32", cfg, None, split_cores())
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(seed=0), SamplingConfig(temperature=1.0, seed=6)])

@@ -311,10 +311,11 @@ def test_the_server_turns_the_cross_request_cache_on():
     from quickdraft.drafters.suffix import with_suffix_cache
     from quickdraft.server import SERVER_SUFFIX_CACHE, ServeConfig, engine_loader
 
-    assert with_suffix_cache("suffix", 10) == "suffix:;cache=10"
-    assert with_suffix_cache("ngram+suffix:/x;cache=5", 10) == "ngram+suffix:/x;cache=5"  # the user's choice wins
-    assert with_suffix_cache("distilled", 10) == "distilled"
-    assert parse_suffix(with_suffix_cache("suffix:/x", SERVER_SUFFIX_CACHE).split(":", 1)[1])[1] == {
-        "cache": SERVER_SUFFIX_CACHE
-    }
+    def cached(text: str, tokens: int) -> str:
+        return "+".join(map(str, with_suffix_cache(parse_drafter_spec(text), tokens)))
+
+    assert cached("suffix", 10) == "suffix:;cache=10"
+    assert cached("ngram+suffix:/x;cache=5", 10) == "ngram+suffix:/x;cache=5"  # the user's choice wins
+    assert cached("distilled", 10) == "distilled"
+    assert parse_suffix(cached("suffix:/x", SERVER_SUFFIX_CACHE).split(":", 1)[1])[1] == {"cache": SERVER_SUFFIX_CACHE}
     assert callable(engine_loader(ServeConfig()))

@@ -40,9 +40,21 @@ def pss_kib(pid: int) -> int:
         return 0
 
 
-def tree_pss_kib(pid: int) -> int:
-    """The summed PSS (KiB) of `pid` and every process below it."""
-    return sum(pss_kib(p) for p in [pid, *descendants(pid)])
+def tree_pss_kib(pid: int) -> dict[int, int]:
+    """{pid: PSS in KiB} of `pid` and every process below it."""
+    return {p: pss_kib(p) for p in [pid, *descendants(pid)]}
+
+
+def process_name(pid: int) -> str:
+    """A short name for a process: its script or program (the bench, a llama.cpp worker, ...)."""
+    try:
+        args = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return str(pid)
+    named = [a.decode(errors="replace") for a in args if not a.startswith(b"-")]
+    if not named:
+        return str(pid)
+    return Path(named[1] if len(named) > 1 and "python" in Path(named[0]).name else named[0]).name
 
 
 class TreePeak:
@@ -56,6 +68,7 @@ class TreePeak:
     def __init__(self, pid: int, interval: float = 0.5) -> None:
         self.pid, self.interval = pid, interval
         self.peak_kib = 0
+        self.at_peak: dict[str, int] = {}  # process name -> PSS (MiB) at the peak, summed by name
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="quickdraft-memory", daemon=True)
@@ -76,8 +89,13 @@ class TreePeak:
 
     def sample(self) -> int:
         """Take one sample now; returns it (KiB)."""
-        now = tree_pss_kib(self.pid)
-        self.peak_kib = max(self.peak_kib, now)
+        each = tree_pss_kib(self.pid)
+        now = sum(each.values())
+        if now > self.peak_kib:
+            self.peak_kib, self.at_peak = now, {}
+            for pid, kib in each.items():
+                name = "bench" if pid == self.pid else process_name(pid)
+                self.at_peak[name] = self.at_peak.get(name, 0) + round(kib / 1024)
         self.samples += 1
         return now
 

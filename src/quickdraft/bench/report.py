@@ -66,6 +66,11 @@ def _quantized_note(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _at_peak(at: dict[str, int] | None) -> str:
+    """ " (at that peak: bench 3,900 MiB, llama_cpp_worker.py 1,500 MiB)." or "."."""
+    return f" (at that peak: {', '.join(f'{name} {mib:,} MiB' for name, mib in at.items())})." if at else "."
+
+
 def _peer_notes(summary: dict) -> list[str]:
     """What died (a peer's process: its signal or exit) and which build each llama.cpp peer ran."""
     lines = []
@@ -76,7 +81,8 @@ def _peer_notes(summary: dict) -> list[str]:
             + "".join(f", `{name}`'s process {mib:,.0f} MiB" for name, mib in peak["children"].items())
             + f" (at most {peak['sum']:,.0f} MiB together)"
             + (
-                f"; measured together (summed PSS, sampled): {peak['together_pss']:,.0f} MiB."
+                f"; measured together (summed PSS, sampled): {peak['together_pss']:,.0f} MiB"
+                + _at_peak(peak.get("at_peak_pss"))
                 if peak.get("together_pss")
                 else "."
             ),

@@ -207,7 +207,7 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
         summary["peer_builds"] = builds
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
-    summary["peak_rss_mib"] = {**peak_rss_mib(), "together_pss": memory.stop()}
+    summary["peak_rss_mib"] = {**peak_rss_mib(), "together_pss": memory.stop(), "at_peak_pss": memory.at_peak}
     summary["prompt_set"] = {
         "source": config.prompts,
         "num_prompts": len(records),

@@ -91,6 +91,7 @@ class PearlDecoder:
             max_length=len(prompt_ids) + max_new_tokens,
         )
         draft_s = 0.0
+        unpriced = 0  # tokens drafted in draft-only rounds: their cost joins the next verified round's
         if self.guard is not None:
             self.guard.reset()
         while True:
@@ -105,6 +106,7 @@ class PearlDecoder:
             )
             if p is None:  # draft-only round
                 logic.apply(None, drafted, drafted_q)
+                unpriced += len(drafted)
                 continue
             start = time.perf_counter()
             verdict = logic.judge(drafted, drafted_q, p, self.verifier, generators)
@@ -112,8 +114,10 @@ class PearlDecoder:
             self.target.rollback(logic.target_cache_length)
             if plain:
                 rnd.events = {**rnd.events, "guard_plain_rounds": 1}
-            elif self.guard is not None and drafted and self.guard.update(len(drafted), len(rnd.tokens), len(feed)):
-                rnd.events = {**rnd.events, "guard_pauses": 1}
+            elif self.guard is not None and (drafted or unpriced):  # every drafted token priced once
+                if self.guard.update(len(drafted) + unpriced, len(rnd.tokens), len(feed)):
+                    rnd.events = {**rnd.events, "guard_pauses": 1}
+                unpriced = 0
             rnd.draft_s, rnd.verify_s, draft_s = draft_s, verify_s + time.perf_counter() - start, 0.0
             self.last_verdict = verdict
             yield rnd

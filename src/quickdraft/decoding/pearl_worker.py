@@ -19,6 +19,7 @@ from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
 from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
+from quickdraft.drafters.spec import DrafterSpec
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.quant import QuantSpec
 
@@ -27,10 +28,10 @@ TARGET, DRAFT = 0, 1
 
 @dataclass(frozen=True)
 class ParallelSpec:
-    """What the workers load: target folder (None = embedded default), drafter spec, dtype, cores."""
+    """What the workers load: target folder (None = embedded default), the drafter's parsed stages, dtype, cores."""
 
     target: str | None
-    drafter: str
+    drafter: tuple[DrafterSpec, ...]
     dtype: str
     pearl: PearlConfig
     verifier: str | None

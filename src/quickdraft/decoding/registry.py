@@ -155,7 +155,14 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
 
         cfg = parts.config
         spec = ParallelSpec(
-            parts.target_name, cfg.drafter, cfg.dtype, cfg.pearl, cfg.verifier, split_cores(), cfg.runtime, cfg.quant
+            parts.target_name,
+            cfg.drafter_stages,
+            cfg.dtype,
+            cfg.pearl,
+            cfg.verifier,
+            split_cores(),
+            cfg.runtime,
+            cfg.quant,
         )
         parts.started["pearl_parallel"] = ParallelPearl(spec)
     return parts.started["pearl_parallel"].decoder(verifier)

@@ -35,7 +35,6 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.datastore import load_datastore, shipped_datastore
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.suffix_index import SEP, SuffixIndex
 from quickdraft.drafters.suffix_trie import (
     greedy_chain,
@@ -72,15 +71,15 @@ def parse_suffix(arg: str | None) -> tuple[str | None, dict[str, int]]:
     return path or None, values
 
 
-def with_suffix_cache(text: str, tokens: int) -> str:
-    """`text` with `cache=tokens` added to its suffix stages that set no cache (the server's default:
-    drafting from earlier requests' outputs too)."""
-    stages = []
-    for stage in parse_drafter_spec(text):
-        if stage.kind == "suffix" and "cache" not in parse_suffix(stage.arg)[1]:
-            stage = DrafterSpec("suffix", f"{stage.arg or ''};cache={tokens}", stage.dtype)
-        stages.append(str(stage))
-    return "+".join(stages)
+def with_suffix_cache(stages: tuple[DrafterSpec, ...], tokens: int) -> tuple[DrafterSpec, ...]:
+    """Parsed drafter `stages` with `cache=tokens` added to their suffix stages that set no cache (the
+    server's default: drafting from earlier requests' outputs too)."""
+    return tuple(
+        DrafterSpec("suffix", f"{s.arg or ''};cache={tokens}", s.dtype)
+        if s.kind == "suffix" and "cache" not in parse_suffix(s.arg)[1]
+        else s
+        for s in stages
+    )
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def engine_loader(cfg: ServeConfig):
 
     engine = cfg.engine
     if METHODS[engine.method].uses_drafter:  # the suffix drafter also drafts from earlier requests here
-        engine = replace(engine, drafter=with_suffix_cache(engine.drafter, SERVER_SUFFIX_CACHE))
+        stages = with_suffix_cache(engine.drafter_stages, SERVER_SUFFIX_CACHE)
+        engine = replace(engine, drafter="+".join(map(str, stages)))
     return lambda: Engine.load(config=engine)
 
 

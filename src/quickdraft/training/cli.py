@@ -188,6 +188,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
 
 def cmd_distill_eval(args: argparse.Namespace) -> int:
     from quickdraft.drafters import ModelDrafter, make_drafter
+    from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.training.data import FixedData, Sampled, sharegpt_examples
     from quickdraft.training.evaluate import agreement
     from quickdraft.training.losses import LossProcessing
@@ -223,7 +224,7 @@ def cmd_distill_eval(args: argparse.Namespace) -> int:
     proc = LossProcessing(temperature=args.temperature)
     results = []
     for spec in args.drafter:
-        drafter = make_drafter(spec, target, "float32")
+        drafter = make_drafter(parse_drafter_spec(spec), target, "float32")  # parsed here, at the CLI's edge
         if not isinstance(drafter, ModelDrafter):
             raise QuickdraftError(f"distill-eval scores draft models; {spec!r} is not one (ngram or a '+' chain)")
         model, head_ids = drafter.model.model, drafter.model.head_ids
