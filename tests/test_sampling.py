@@ -81,3 +81,18 @@ def test_sample_respects_support():
 def test_bad_sampling_config_is_rejected(kwargs):
     with pytest.raises(QuickdraftError):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_greedy_is_the_first_argmax_in_every_dtype(dtype):
+    """Half-precision rows are widened before the argmax: the same ids as the dtype's own argmax,
+    the first of equal maxima (a verify's row and its plain step agree)."""
+    from quickdraft.sampling import greedy
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 151936).to(dtype)
+    x[2, 7] = x[2, 900] = x[2].max() + 1  # a tie: the first one wins
+    x[3, -1] = float("inf")
+    assert torch.equal(greedy(x), x.argmax(-1))
+    assert int(greedy(x)[2]) == 7 and int(greedy(x)[3]) == 151935
+    assert greedy(x[0]).shape == ()

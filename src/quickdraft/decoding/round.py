@@ -32,6 +32,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.runtime.batched import RowBlock
 from quickdraft.runtime.target import Target
+from quickdraft.sampling import greedy as greedy_ids
 from quickdraft.sampling import logits_to_probs
 from quickdraft.types import Round, TargetOutput
 from quickdraft.verifiers import Verifier
@@ -181,7 +182,7 @@ class RoundLoop:
         best: list[list[int] | None] = [None] * len(lanes)
         if not greedy:
             return best
-        ids = torch.cat([outs[i].logits for i in greedy]).argmax(-1).tolist()
+        ids = greedy_ids(torch.cat([outs[i].logits for i in greedy])).tolist()
         at = 0
         for i in greedy:
             n = outs[i].logits.shape[0]

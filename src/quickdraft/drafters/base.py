@@ -22,7 +22,7 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.verifiers.tree import TokenTree
 
 # Called with the draft's raw logits row (V,) after each drafted token; False stops the round.
@@ -202,7 +202,7 @@ def draft_token(logits: torch.Tensor, sampling: SamplingConfig, generator, q_row
     """One draft token from a (V,) logits row: argmax when greedy, else a sample of the processed q,
     appended to q_rows (verifiers need exactly the q each token was drawn from)."""
     if sampling.greedy:
-        return int(logits.argmax())
+        return int(greedy(logits))
     q = logits_to_probs(logits, sampling)  # (V,) float32
     q_rows.append(q)
     return int(sample(q, generator))

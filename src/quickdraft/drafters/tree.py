@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from quickdraft.config import SamplingConfig
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.verifiers.tree import TokenTree
 
 
@@ -54,7 +54,7 @@ def _draw_children(logits: torch.Tensor, k: int, sampling: SamplingConfig, gener
     if sampling.greedy:
         q = torch.softmax(logits.float(), -1)  # for ranking only: greedy verification ignores q
         if k == 1:
-            return [int(logits.argmax())], q
+            return [int(greedy(logits))], q
         return torch.topk(logits.float(), min(k, logits.shape[-1])).indices.tolist(), q
     q = logits_to_probs(logits, sampling)
     left, tokens = q, []
