@@ -55,7 +55,7 @@ def test_the_sampler_keeps_the_peak_a_child_reached_after_it_exits():
     assert peak.samples >= 3
     assert mib * 1024 - baseline >= HOLD * 1024 * 0.9
     assert peak.sample() < peak.peak_kib  # now: the child's pages are no longer counted
-    assert peak.at_peak["bench"] > 0 and len(peak.at_peak) == 2  # at the peak: this process and the child
+    assert peak.at_peak["bench"] > 0 and peak.at_peak["python -c"] >= HOLD * 0.9  # what each held at the peak
 
 
 needs_ops = pytest.mark.skipif(

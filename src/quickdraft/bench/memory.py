@@ -51,6 +51,8 @@ def process_name(pid: int) -> str:
         args = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
     except OSError:
         return str(pid)
+    if b"-c" in args[1:2]:
+        return "python -c"
     named = [a.decode(errors="replace") for a in args if not a.startswith(b"-")]
     if not named:
         return str(pid)
