@@ -67,7 +67,8 @@ def _quantized_note(summary: dict) -> list[str]:
 
 
 def _at_peak(at: dict[str, int] | None) -> str:
-    """ " (at that peak: bench 3,900 MiB, llama_cpp_worker.py 1,500 MiB)." or "."."""
+    """The peak's breakdown as text, e.g. ` (at that peak: bench 3,900 MiB, llama_cpp_worker.py 1,500 MiB).`;
+    a plain `.` without one."""
     return f" (at that peak: {', '.join(f'{name} {mib:,} MiB' for name, mib in at.items())})." if at else "."
 
 

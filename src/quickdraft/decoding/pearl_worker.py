@@ -28,7 +28,8 @@ TARGET, DRAFT = 0, 1
 
 @dataclass(frozen=True)
 class ParallelSpec:
-    """What the workers load: target folder (None = embedded default), the drafter's parsed stages, dtype, cores."""
+    """What the workers load: the target (a folder or a named target; None = the embedded default), the
+    drafter's parsed stages, dtype, cores."""
 
     target: str | None
     drafter: tuple[DrafterSpec, ...]
