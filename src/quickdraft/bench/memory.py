@@ -14,7 +14,7 @@ import resource
 import threading
 from pathlib import Path
 
-from quickdraft.bench.peer_process import CHILD_PEAKS
+from quickdraft.bench.peer_process import CHILD_PEAKS, proc_kib
 
 
 def descendants(pid: int) -> list[int]:
@@ -33,11 +33,7 @@ def descendants(pid: int) -> list[int]:
 
 def pss_kib(pid: int) -> int:
     """A live process's proportional set size (KiB); 0 where it cannot be read (gone, no permission)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            return next((int(line.split()[1]) for line in fh if line.startswith("Pss:")), 0)
-    except (OSError, ValueError):
-        return 0
+    return proc_kib(pid, "smaps_rollup", "Pss:")
 
 
 def tree_pss_kib(pid: int) -> dict[int, int]:
@@ -101,14 +97,16 @@ class TreePeak:
         self.samples += 1
         return now
 
-    def stop(self) -> float | None:
-        """Stop sampling (after one last sample); the peak in MiB, or None where PSS cannot be read."""
+    def stop(self) -> int | None:
+        """Stop sampling (after one last sample; a second call only answers); the peak in MiB, or None
+        where PSS cannot be read."""
         if not self.supported:
             return None
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.sample()
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._thread.is_alive():
+                self._thread.join()
+            self.sample()
         return round(self.peak_kib / 1024)
 
 

@@ -40,13 +40,19 @@ def describe_exit(code: int | None) -> str:
 CHILD_PEAKS: dict[str, int] = {}  # peer name -> the largest peak RSS (KiB) one of its processes reached
 
 
-def peak_rss_kib(pid: int) -> int:
-    """A live process's peak resident memory (VmHWM, KiB); 0 where it cannot be read."""
+def proc_kib(pid: int, file: str, key: str) -> int:
+    """The KiB figure on the `key` line of a live process's /proc/PID/`file` (status, smaps_rollup);
+    0 where it cannot be read (gone, no permission, no such line)."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            return next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+        with open(f"/proc/{pid}/{file}") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith(key)), 0)
     except (OSError, ValueError):
         return 0
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A live process's peak resident memory (VmHWM, KiB); 0 where it cannot be read."""
+    return proc_kib(pid, "status", "VmHWM:")
 
 
 class ChildPeer:
