@@ -322,6 +322,33 @@ def test_graphs_switch_runs_lone_requests_on_the_static_forward():
         EngineConfig(graphs="maybe")
 
 
+@pytest.mark.parametrize("case", ["budget", "eos", "span"])
+def test_a_lone_greedy_plain_row_feeds_its_steps_on_the_device(model, case):
+    """Plain greedy decoding of a lone request on the static forward feeds each step's argmax to the
+    next step on the device (`greedy_chain`: one graph a step on CUDA, eager here): equal to the
+    plain loop in float64 at its budget, when EOS falls inside a chunk, and across the 256 -> 512
+    span bucket (the next step's inputs moved on the device); the row's cache keeps what it took."""
+    prompt = [(7 * i) % 45 + 3 for i in range(250)] if case == "span" else _prompts(1, seed=3)[0]
+    n = 90 if case == "budget" else 40
+    eos = (_alone(model, prompt, n)[12],) if case == "eos" else ()
+    want = _alone(model, prompt, n, eos=eos)
+    target = BatchedTarget(NativeCachedModel(model), 1)
+    target.static = StaticBatchForward(target, 1024, graphs=False)
+    dec = BatchDecoder(target, None, BatchPlan(None))
+    dec.submit(0, prompt, GREEDY, StopConfig(n, eos_token_ids=eos))
+    got, rows_after = None, []
+    while not dec.idle:
+        for u in dec.step():
+            got = u.collector
+        rows_after.append(list(target.cache.lengths))
+    assert got.tokens == want and got.done
+    assert target.static.chain_steps >= len(want) - 1 and target.static.replays == 0  # the chain ran, no rounds
+    if case == "budget":  # the prefill's token, a chunk of CHAIN_TOKENS steps (a round boundary), the rest
+        assert rows_after == [[len(prompt) + 32], [len(prompt) + 64], []] and target.static.chain_steps == n - 1
+    if case == "span":
+        assert sorted(target.static.inputs) == [(1, 256), (1, 512)]
+
+
 def test_a_shared_prompt_prefix_is_prefilled_once(model):
     """A prompt that begins like the previous one (a chat template's system prompt) keeps that
     prefix in the prefill cache: fewer prompt tokens run, the same outputs."""

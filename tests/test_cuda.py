@@ -43,6 +43,21 @@ def test_greedy_generation_on_cuda_equals_cpu(method, drafter):
     assert method == "ar" or outs["cuda"].stats.num_accepted_draft_tokens > 0  # speculation happened
 
 
+def test_greedy_chain_graphs_equal_the_cpu_across_a_span_bucket():
+    """Plain greedy decoding of a lone request on CUDA: one captured step a token (forward, head,
+    argmax, next inputs), steps in flight ahead of the host's reads, equal to the CPU's plain loop in
+    float64 across the 256 -> 512 span bucket and at an EOS inside a chunk."""
+    prompt = [(7 * i) % 45 + 3 for i in range(250)]
+    cpu = Engine(tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64), EngineConfig(method="ar", graphs="off"))
+    want = cpu.generate_ids(prompt, SamplingConfig(), StopConfig(40)).token_ids
+    gpu = Engine(tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64), EngineConfig(method="ar", device="cuda"))
+    assert gpu.generate_ids(prompt, SamplingConfig(), StopConfig(40)).token_ids == want
+    eos = StopConfig(40, eos_token_ids=(want[9],))
+    assert gpu.generate_ids(prompt, SamplingConfig(), eos).token_ids == want[: want.index(want[9]) + 1]
+    static = gpu.parts.memo["lone_decoder"].target.static
+    assert static.chain_steps >= 39 + 9 and sorted(static.chains) == [256, 512]
+
+
 def test_sampling_uses_device_generators():
     target = tiny_text_model(dtype=torch.float32)
     engine = Engine(target, EngineConfig(drafter="suffix:none", device="cuda"))

@@ -24,6 +24,7 @@ tree; a model drafter's tree carries the q rows its tokens were drawn from).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -40,6 +41,8 @@ from quickdraft.drafters.base import FEATURES, Drafter
 from quickdraft.runtime.batched import BatchedTarget
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree
+
+CHAIN_TOKENS = 32  # a lone plain greedy row's steps per decoder step (its round boundary)
 
 
 @dataclass
@@ -149,7 +152,7 @@ class BatchDecoder:
         updates = self._admit()
         self._prune()
         if self.rows:
-            updates += self._round()
+            updates += self._chain() if self._chains() else self._round()
             self._prune()
         self.rounds += 1
         return updates
@@ -207,6 +210,35 @@ class BatchDecoder:
             BatchUpdate(row.key, row.collector.feed(rnd), row.collector)
             for row, rnd in zip(self.rows, rounds, strict=True)
         ]
+
+    def _chains(self) -> bool:
+        """A lone greedy row without a drafter on the static forward: its plain steps feed each other
+        on the device (`StaticBatchForward.greedy_chain`), nothing but the tokens read back.
+        QUICKDRAFT_CHAIN=0 runs them as one-token rounds instead (a comparison)."""
+        static = self.target.static
+        return (
+            static is not None and self.drafter is None and self.target.max_batch == 1
+            and os.environ.get("QUICKDRAFT_CHAIN") != "0"
+            and not self.waiting and self.rows[0].sampling.greedy
+        )  # fmt: skip
+
+    def _chain(self) -> list[BatchUpdate]:
+        """Up to CHAIN_TOKENS plain greedy steps of the lone row (then the round boundary: a cancel or
+        a joining request waits no longer), each token fed to its collector as a one-token round."""
+        row = self.rows[0]
+        kept: list[int] = []
+        clock = [time.perf_counter()]
+
+        def take(token: int) -> bool:
+            now = time.perf_counter()
+            kept.extend(row.collector.feed(Round([token], verify_s=now - clock[0])))
+            row.context.append(token)
+            clock[0] = now
+            return not row.collector.done
+
+        room = row.collector.stop.max_new_tokens - len(row.collector.tokens)
+        self.target.static.greedy_chain(row.context[-1], min(room, CHAIN_TOKENS), take)
+        return [BatchUpdate(row.key, kept, row.collector)]
 
     def _price(self, drafts: list[TokenTree]) -> float | None:
         """A drafted round's cost for the guard, in steps of a plain round of the same rows (a plain

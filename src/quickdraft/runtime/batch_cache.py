@@ -47,6 +47,7 @@ class BatchKVCache:
         self.starts = torch.zeros(0, dtype=torch.long)  # (B,) where the current forward writes
         self.span = 0  # positions the current forward's attention reads
         self.groups: list[tuple[list[int], int]] | None = None  # (rows, span) groups of that forward
+        self.index: tuple | None = None  # the current forward's write index, made by its first layer
 
     @property
     def rows(self) -> int:
@@ -105,6 +106,8 @@ class BatchKVCache:
         keys, values = self.write(layer, at, k, v)
         if keys.dtype != q.dtype:
             keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if mask.dtype not in (torch.bool, q.dtype):  # an additive mask (a GPU's: native.forward_batch)
+            mask = mask.to(q.dtype)
         if self.groups is None:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         out = torch.empty_like(q)
@@ -119,10 +122,14 @@ class BatchKVCache:
         self, layer: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (B, kv_heads, T, head_dim) keys and values at positions at[b]..at[b]+T of each row;
-        returns the layer's (B, kv_heads, span, head_dim) keys and values (views)."""
+        returns the layer's (B, kv_heads, span, head_dim) keys and values (views). The index is made
+        once a forward (its first layer's call; the forward clears `index` first): on a GPU each layer's
+        own would be three more kernels."""
         b, t = k.shape[0], k.shape[2]
-        pos = at[:, None] + torch.arange(t, device=at.device)  # (B, T)
-        rows = torch.arange(b, device=at.device)[:, None]
+        if self.index is None or self.index[0] is not at or self.index[1] != (b, t):
+            pos = at[:, None] + torch.arange(t, device=at.device)  # (B, T)
+            self.index = (at, (b, t), torch.arange(b, device=at.device)[:, None], pos)
+        rows, pos = self.index[2], self.index[3]
         self.k[layer][rows, :, pos] = k.transpose(1, 2)  # indexed as (B, T, kv_heads, d)
         self.v[layer][rows, :, pos] = v.transpose(1, 2)
         return self.k[layer, :b, :, : self.span], self.v[layer, :b, :, : self.span]

@@ -1,13 +1,59 @@
-"""The parts a described block adds to Llama's (`llama_block.Block`; `families.py` says which family
-uses which): the family's style (Gemma's norm, the GELU-tanh gate) and attention with soft-capped
-scores (Gemma 2), each in Hugging Face's order and dtypes."""
+"""A block's elementwise parts: Llama's RMSNorm and RoPE, and what a described block adds to Llama's
+(`llama_block.Block`; `families.py` says which family uses which): the family's style (Gemma's norm,
+the GELU-tanh gate) and attention with soft-capped scores (Gemma 2), each in Hugging Face's order and
+dtypes, except in the lean forms below.
+
+Lean forms (issue #50): on a GPU a small model's step costs its kernel count (each kernel about 2 us,
+docs/gpu.md), so half-precision rows on CUDA take forms with fewer kernels: RMSNorm as one fused
+kernel with its weight (Hugging Face's takes four: cast, norm, cast back, weight), RoPE as a product
+and two fused multiply-adds (Hugging Face's takes five: product, negation, concatenation, product,
+sum). They round once where Hugging Face rounds twice, so bf16 rows differ from the CPU's in the last
+bit now and then (CUDA's GEMMs already do); float32 and float64 keep Hugging Face's forms everywhere.
+`LEAN["cpu"] = True` runs them on a CPU too (the tests check them there against the reference);
+QUICKDRAFT_LEAN=0 switches them off.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+LEAN = {"cpu": False, "off": os.environ.get("QUICKDRAFT_LEAN") == "0"}
+HALF = (torch.bfloat16, torch.float16)
+
+
+def lean_device(x: torch.Tensor) -> bool:
+    """Whether `x` is where the lean forms run: CUDA (or a CPU when asked), unless switched off. Exact
+    lean steps (a batch's additive masks made once a forward: `native.forward_batch`) ask only this."""
+    return (x.is_cuda or LEAN["cpu"]) and not LEAN["off"]
+
+
+def lean(x: torch.Tensor) -> bool:
+    """Whether `x`'s rows take the lean forms that round differently: half precision, `lean_device`."""
+    return x.dtype in HALF and lean_device(x)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm (in float32, weight applied after the cast back), one fused op; the
+    lean form: one kernel, the weight applied in float32 before the one rounding."""
+    if lean(x):
+        return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
+    return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last dimension of `x` (cos, sin broadcast against it); the lean form: x cos, then
+    each half's rotated term added in one fused multiply-add."""
+    half = x.shape[-1] // 2
+    if lean(x):
+        out = x * cos
+        out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+        out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+        return out
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -14,7 +14,11 @@ forward (`runtime/batched.py`) is made static here:
   stream, as torch.cuda.graphs asks) and replayed after the round's inputs are copied in;
 - a batch of one (a lone request) runs its LM head inside the graph too (its rows are all real or
   few); a wider batch runs the LM head over the rows that are not padding, after the graph;
-- nothing is read back from the device: the real rows are picked by an index made on the host.
+- nothing is read back from the device: the real rows are picked by an index made on the host;
+- plain greedy decoding of a lone request (`greedy_chain`) feeds each step's argmax to the next step
+  on the device: one graph per span bucket runs the forward, the LM head, the argmax and the next
+  step's inputs, and up to CHAIN_AHEAD steps are in flight while the host reads the tokens behind
+  them, so the host's launch and Python overlap the GPU's step instead of following it.
 
 `QUICKDRAFT_COMPILE=1` (an experiment, CUDA only) runs the forward through `torch.compile` before it
 is captured, to measure what fusing a layer's elementwise kernels would give (a captured step's time
@@ -29,14 +33,17 @@ row too long for the capacity, takes the dynamic forward.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import torch
 
 from quickdraft.runtime.batched import BatchedTarget, RowBlock, block_inputs, pick_rows
+from quickdraft.sampling import greedy
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 FIRST_SPAN = 256  # the smallest span bucket; each next one doubles, the last is the capacity
+CHAIN_AHEAD = 4  # greedy_chain: steps in flight on a GPU ahead of the token the host reads
 
 
 class StaticBatchForward:
@@ -62,7 +69,9 @@ class StaticBatchForward:
             self.forward = torch.compile(self.forward, dynamic=False)
         self.inputs: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.chains: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}  # span -> step
         self.replays = 0
+        self.chain_steps = 0  # greedy_chain's steps (each one forward)
 
     @staticmethod
     def bucket(width: int) -> int | None:
@@ -93,17 +102,22 @@ class StaticBatchForward:
         x = self.forward(cache, buf["ids"], buf["positions"], buf["mask"]).flatten(0, 1)
         return x, (self.target.single.logits(x) if self.head_inside else None)
 
-    def _capture(self, key: tuple[int, int], buf: dict[str, torch.Tensor]) -> None:
+    def _capture(self, run: Callable[[], object], buf: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, object]:
+        """A CUDA graph of `run()` over `buf`, after a warm-up on a side stream (allocator, kernel
+        selection) whose writes to the inputs are undone; returns the graph and run's outputs."""
+        kept = {name: buf[name].clone() for name in ("ids", "positions", "mask", "starts")}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (allocator, kernel selection)
-                self._run(buf)
+            for _ in range(2):
+                run()
         torch.cuda.current_stream().wait_stream(stream)
+        for name, value in kept.items():  # a chain step advances its inputs: back to where they were
+            buf[name].copy_(value)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            buf["out"] = self._run(buf)
-        self.captured[key] = graph
+            out = run()
+        return graph, out
 
     @torch.inference_mode()
     def __call__(self, blocks: Sequence[RowBlock]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -125,7 +139,7 @@ class StaticBatchForward:
             buf[name].copy_(value, non_blocking=True)
         if self.graphs:
             if key not in self.captured:
-                self._capture(key, buf)
+                self.captured[key], buf["out"] = self._capture(lambda: self._run(buf), buf)
             self.captured[key].replay()
             x, logits = buf["out"]
         else:
@@ -137,3 +151,88 @@ class StaticBatchForward:
         if self.graphs and isinstance(pick, slice):  # views of the graph's output, which the next replay
             x, logits = x.clone(), (None if logits is None else logits.clone())  # overwrites: a drafter keeps x
         return x, logits
+
+    # --- plain greedy decoding fed on the device ----------------------------------------------
+    def _chain_step(self, buf: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One plain step of the lone row over `buf` (width 1), then the next step's inputs made on the
+        device: its id (this step's argmax), position and start one further, and the mask column of
+        its own position. Returns the (1,) next id."""
+        _, logits = self._run(buf)
+        nxt = greedy(logits)  # (1,) the first of equal maxima, as the round loop picks
+        buf["ids"].copy_(nxt.view(1, 1))
+        buf["positions"].add_(1)
+        buf["starts"].add_(1)
+        span = buf["mask"].shape[-1]  # past the bucket's end, the next bucket's buffers set the column
+        buf["mask"][0, 0].index_fill_(0, buf["starts"].clamp(max=span - 1), True)
+        return nxt
+
+    def _chain_buffers(self, span: int, token: int, at: int, held: dict[str, torch.Tensor] | None):
+        """The (1, span) buffers set for a step at position `at`: from the host (`token`), or on the
+        device from the buffers of the span bucket below (`held`), whose next step is already there."""
+        buf = self._buffers((1, span))
+        if held is None:
+            buf["ids"].fill_(token)
+            buf["positions"].fill_(at)
+            buf["starts"].fill_(at)
+            buf["mask"].zero_()
+            buf["mask"][0, 0, : at + 1] = True
+        else:
+            for name in ("ids", "positions", "starts"):
+                buf[name].copy_(held[name])
+            buf["mask"].zero_()
+            buf["mask"][..., : held["mask"].shape[-1]].copy_(held["mask"])
+            buf["mask"][0, 0].index_fill_(0, buf["starts"], True)  # its own column, past the held bucket
+        if self.graphs and span not in self.chains:
+            self.chains[span] = self._capture(lambda: self._chain_step(buf), buf)
+        return buf
+
+    @torch.inference_mode()
+    def greedy_chain(self, token: int, limit: int, take: Callable[[int], bool]) -> tuple[int, int]:
+        """Plain greedy decoding of a batch of one, each step's next token fed to the next on the device.
+
+        Args:
+            token: the last committed id (the cache holds the row's context before it).
+            limit: the most steps to run.
+            take: gets each step's next id, in order; False: stop (EOS, a stop string, a budget).
+
+        On CUDA a step is one graph replay (`_chain_step`) and up to CHAIN_AHEAD steps run ahead of the
+        token the host reads (one device read a token, nothing else); a CPU runs the same steps eagerly.
+        Steps issued past the last token taken wrote cache positions beyond the row's length, which
+        stay free: the row's length ends at the tokens taken. Returns (steps issued, tokens taken).
+        """
+        target = self.target
+        if target.max_batch != 1 or target.rows != 1:
+            raise ValueError("greedy_chain runs a batch of one with its row admitted")
+        length, ahead = target.cache.lengths[0], (CHAIN_AHEAD if self.graphs else 1)
+        limit = min(limit, self.capacity - length)
+        pending: deque[tuple[torch.Tensor, torch.cuda.Event | None]] = deque()
+        ring = torch.empty(ahead + 1, dtype=torch.long, pin_memory=True) if self.graphs else None
+        issued = taken = span = 0
+        buf: dict[str, torch.Tensor] | None = None
+        going = True
+        while going and (pending or issued < limit):
+            while issued < limit and len(pending) < ahead:
+                at = length + issued
+                if self.span(at + 1) != span:  # the row grew into the next span bucket (or starts)
+                    span = self.span(at + 1)
+                    buf = self._chain_buffers(span, token, at, buf)
+                if self.graphs:
+                    graph, nxt = self.chains[span]
+                    graph.replay()
+                    slot = ring[issued % (ahead + 1)].view(1)  # read once `done` has passed, never reused before
+                    slot.copy_(nxt, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record()
+                    pending.append((slot, done))
+                else:
+                    pending.append((self._chain_step(buf), None))
+                issued += 1
+            value, done = pending.popleft()
+            if done is not None:
+                done.synchronize()  # this step's token only: the steps behind it keep running
+            going = take(int(value))
+            taken += 1
+        target.cache.lengths[0] = length + taken
+        target.num_forwards += issued
+        self.chain_steps += issued
+        return issued, taken

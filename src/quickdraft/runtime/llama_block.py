@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from quickdraft.runtime import kernels
 from quickdraft.runtime.batch_cache import BatchKVCache
-from quickdraft.runtime.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm
+from quickdraft.runtime.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm, rms_norm, rotate
 from quickdraft.runtime.linear import apply_rows
 from quickdraft.runtime.static_cache import KVCache
 
@@ -36,11 +36,6 @@ from quickdraft.runtime.static_cache import KVCache
 # (AVX-512-BF16, 2 threads; scripts/step_profile.py): the kernel beat SDPA at 5 rows (12.3 against 13.5
 # ms), tied at 9 and lost at 17 (26.7 against 23.6 ms).
 ATTEND_ROWS = 64
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's LlamaRMSNorm (in float32, weight applied after the cast back), one fused op."""
-    return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def add_norm(
@@ -65,12 +60,6 @@ def rope_tables(
     freqs = positions[:, None].float() * inv_freq.to(positions.device, torch.float32)  # (n, d/2), as in HF
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the last dimension of `x` (cos, sin broadcast against it)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 @dataclass

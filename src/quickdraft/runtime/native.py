@@ -19,8 +19,9 @@ from itertools import pairwise
 
 import torch
 
+from quickdraft.runtime import kernels
 from quickdraft.runtime.batch_cache import BatchKVCache
-from quickdraft.runtime.block_parts import gemma_norm
+from quickdraft.runtime.block_parts import gemma_norm, lean_device
 from quickdraft.runtime.families import describe, long_ropes, rope_sets, unsupported_reason
 from quickdraft.runtime.fused_layers import LayerKernels
 from quickdraft.runtime.linear import Linear, fuse_rows, packs
@@ -107,6 +108,11 @@ class NativeLlama:
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
         self.long_ropes = {k: (f.to(self.device), start) for k, (f, start) in long_ropes(model).items()}
         self.kernel_layers = LayerKernels(self.layers, self.windows, self.rope_keys)  # plain blocks: one C++ call a run
+
+    @property
+    def additive_masks(self) -> bool:
+        """A batch's masks may go to SDPA as additive float masks (no capped scores read them as bools)."""
+        return all(layer.attn_softcap is None for layer in self.layers)
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(
@@ -224,6 +230,10 @@ class NativeLlama:
         masks = {w: batch_window_mask(mask, cache.starts, positions, w) for w in set(self.windows) if w}
         masks[None] = mask
         masks = {w: m[:, None] for w, m in masks.items()}  # (B, 1, T, span): one head dimension
+        if lean_device(x) and self.additive_masks and not kernels.usable(x):  # SDPA's own bool conversion, once
+            # a forward, not a layer (the fused kernels read bool masks)
+            masks = {w: torch.zeros_like(m, dtype=x.dtype).masked_fill_(~m, float("-inf")) for w, m in masks.items()}
+        cache.index = None  # the write index: made by the first layer
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
             x = layer.forward(x, cos, sin, cache, i, cache.starts, masks[self.windows[i] or None])
