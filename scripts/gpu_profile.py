@@ -44,6 +44,30 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def replay_cost(engine, device: str, times: int = 20) -> None:
+    """Each captured graph of the lone decoder replayed `times` times back to back, unprofiled: the
+    host's launch time a replay (the calls return before the GPU is done) and the time a replay end
+    to end (GPU-bound where the GPU takes longer than the launch)."""
+    decoder = engine.parts.memo.get("lone_decoder")
+    static = None if decoder is None else decoder.target.static
+    if device != "cuda" or static is None:
+        return
+    graphs = {f"round {key}": graph for key, graph in static.captured.items()}
+    graphs.update({f"chain step (1, {span})": graph for span, (graph, _) in static.chains.items()})
+    for name, graph in sorted(graphs.items())[:4]:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(times):
+            graph.replay()
+        launched = time.perf_counter()
+        torch.cuda.synchronize()
+        done = time.perf_counter()
+        print(
+            f"- graph {name}: launch {1000 * (launched - start) / times:.3f} ms of host a replay, "
+            f"{1000 * (done - start) / times:.3f} ms a replay end to end"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -81,6 +105,7 @@ def main() -> None:
             f"{count(('aten::item', 'aten::_local_scalar_dense')) / forwards:.1f} item reads, "
             f"GPU busy {busy_ms / forwards:.3f} ms"
         )
+        replay_cost(engine, args.device)
         print("\n### self CPU time, top 25\n```")
         print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
         print("```")

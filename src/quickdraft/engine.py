@@ -26,7 +26,7 @@ from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.runtime.batched import BatchedTarget
-from quickdraft.runtime.choose import resolve_device
+from quickdraft.runtime.choose import eager_attention, resolve_device
 from quickdraft.runtime.graphs import StaticBatchForward
 from quickdraft.runtime.target import Target, load_target
 from quickdraft.types import GenerationResult
@@ -149,7 +149,8 @@ class Engine:
             if "lone_decoder" not in self.parts.memo:  # its graphs are captured once, then replayed
                 self.parts.memo["lone_decoder"] = self.batch_decoder(max_batch=1)
             return run_batch(self.parts.memo["lone_decoder"], [(prompt_ids, sampling, stop)])[0].result()
-        return run_to_end(*self._start(prompt_ids, sampling, stop))
+        with eager_attention():  # nothing captured: no cuDNN plan per shape on a GPU
+            return run_to_end(*self._start(prompt_ids, sampling, stop))
 
     def stream_ids(
         self, prompt_ids: list[int], sampling: SamplingConfig, stop: StopConfig

@@ -24,7 +24,6 @@ tree; a model drafter's tree carries the q rows its tokens were drawn from).
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -36,13 +35,13 @@ from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector
 from quickdraft.decoding.common import Generators, pick_token
 from quickdraft.decoding.guard import DraftGuard
+from quickdraft.decoding.lone_chain import LoneChain
 from quickdraft.decoding.round import Lane, RoundLoop
 from quickdraft.drafters.base import FEATURES, Drafter
 from quickdraft.runtime.batched import BatchedTarget
+from quickdraft.runtime.choose import eager_attention
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree
-
-CHAIN_TOKENS = 32  # a lone plain greedy row's steps per decoder step (its round boundary)
 
 
 @dataclass
@@ -111,6 +110,7 @@ class BatchDecoder:
         # cost in one-row target steps, and the guard that drops to plain rounds while drafting loses
         self.draft_cost: Callable[[int], float] | None = None
         self.guard: DraftGuard | None = None
+        self.lone = LoneChain()  # a lone greedy row's chained plain steps and their clock
 
     @property
     def idle(self) -> bool:
@@ -152,7 +152,8 @@ class BatchDecoder:
         updates = self._admit()
         self._prune()
         if self.rows:
-            updates += self._chain() if self._chains() else self._round()
+            lone = self._lone() and self.lone.chains(self.target.static, self.drafter, self.guard, self.rows[0])
+            updates += self._chain() if lone else self._round()
             self._prune()
         self.rounds += 1
         return updates
@@ -174,7 +175,8 @@ class BatchDecoder:
                 job.done, job.started = self.target.prefill_start(job.prompt), True
             left = len(job.prompt) - job.done
             size = min(budget, left) if self.rows else left
-            logits = self.target.prefill(job.prompt[job.done : job.done + size])
+            with eager_attention():
+                logits = self.target.prefill(job.prompt[job.done : job.done + size])
             job.done += size
             job.prefill_s += time.perf_counter() - start
             budget -= size
@@ -189,9 +191,10 @@ class BatchDecoder:
         self.target.adopt()
         drafter = self.drafter.fork() if self.drafter is not None else None
         if drafter is not None:
-            drafter.begin(job.prompt)
-            if self.reads_features:
-                drafter.observe({FEATURES: self.target.prefill_features()})
+            with eager_attention():
+                drafter.begin(job.prompt)
+                if self.reads_features:
+                    drafter.observe({FEATURES: self.target.prefill_features()})
         collector = Collector(job.stop, self.detokenize)
         collector.stats.verifier = "tree" if drafter is not None else ""
         collector.stats.ran = dict(self.ran)
@@ -204,6 +207,8 @@ class BatchDecoder:
     def _round(self) -> list[BatchUpdate]:
         """One round of the round loop (`decoding/round.py`) over every running row."""
         loop = RoundLoop(self.target, self.plan, guard=self.guard, price=self._price, label_rows=True)
+        if self.target.static is not None:
+            self.lone.begin_round(self.target.static)
         rooms = [row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1 for row in self.rows]
         rounds = loop.step(self.rows, rooms)
         return [
@@ -211,39 +216,22 @@ class BatchDecoder:
             for row, rnd in zip(self.rows, rounds, strict=True)
         ]
 
-    def _chains(self) -> bool:
-        """A lone greedy row without a drafter on the static forward: its plain steps feed each other
-        on the device (`StaticBatchForward.greedy_chain`), nothing but the tokens read back.
-        QUICKDRAFT_CHAIN=0 runs them as one-token rounds instead (a comparison)."""
-        static = self.target.static
-        return (
-            static is not None and self.drafter is None and self.target.max_batch == 1
-            and os.environ.get("QUICKDRAFT_CHAIN") != "0"
-            and not self.waiting and self.rows[0].sampling.greedy
-        )  # fmt: skip
+    def _lone(self) -> bool:
+        """A lone greedy row on the static forward (`decoding/lone_chain.py`)."""
+        return self.target.static is not None and self.target.max_batch == 1 and not self.waiting
 
     def _chain(self) -> list[BatchUpdate]:
-        """Up to CHAIN_TOKENS plain greedy steps of the lone row (then the round boundary: a cancel or
-        a joining request waits no longer), each token fed to its collector as a one-token round."""
         row = self.rows[0]
-        kept: list[int] = []
-        clock = [time.perf_counter()]
-
-        def take(token: int) -> bool:
-            now = time.perf_counter()
-            kept.extend(row.collector.feed(Round([token], verify_s=now - clock[0])))
-            row.context.append(token)
-            clock[0] = now
-            return not row.collector.done
-
-        room = row.collector.stop.max_new_tokens - len(row.collector.tokens)
-        self.target.static.greedy_chain(row.context[-1], min(room, CHAIN_TOKENS), take)
+        kept = self.lone.run(self.target.static, row, row.collector, self.guard, self.drafter is not None)
         return [BatchUpdate(row.key, kept, row.collector)]
 
     def _price(self, drafts: list[TokenTree]) -> float | None:
         """A drafted round's cost for the guard, in steps of a plain round of the same rows (a plain
         batch commits one token per row per such step): its batched forward (the host's surface at
-        its rows and widest block) plus every row's drafting. None without a surface or draft cost."""
+        its rows and widest block) plus every row's drafting. None without a surface or draft cost. A
+        lone greedy row whose chained plain step was measured is priced by the clock instead."""
+        if self._lone() and self.rows[0].sampling.greedy and not self.rows[0].reads and self.lone.step_s is not None:
+            return self.lone.price(self.target.static)
         surface = self.plan.surface
         if self.draft_cost is None or surface is None:
             return None

@@ -59,6 +59,17 @@ class DraftGuard:
             return False
         return True
 
+    def paused(self) -> bool:
+        """Whether the next rounds are plain (a pause is running)."""
+        return self._plain_left > 0
+
+    def plain_left(self) -> int:
+        return self._plain_left
+
+    def take_plain(self, rounds: int) -> None:
+        """Count `rounds` plain rounds run elsewhere (a lone row's chained steps) against the pause."""
+        self._plain_left = max(0, self._plain_left - rounds)
+
     def update(self, drafted: int, committed: int, rows: int | None = None, steps: float | None = None) -> bool:
         """Record a drafted round (`drafted` nodes drafted, verified in one forward over `rows` rows:
         by default the last committed token and the nodes; `committed` tokens kept; `steps`: its cost

@@ -31,6 +31,7 @@ from quickdraft.decoding.common import Generators, StateHandoff
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.runtime.batched import RowBlock
+from quickdraft.runtime.choose import eager_attention
 from quickdraft.runtime.target import Target
 from quickdraft.sampling import greedy as greedy_ids
 from quickdraft.sampling import logits_to_probs
@@ -144,7 +145,8 @@ class RoundLoop:
         start = time.perf_counter()
         plain = self.guard is not None and not self.guard.drafts()
         requests = [None if plain else self.budget.request(len(lanes), room) for room in rooms]
-        drafts = [self._draft(lane, request) for lane, request in zip(lanes, requests, strict=True)]
+        with eager_attention():  # drafters run uncaptured (the target's forward may be a graph)
+            drafts = [self._draft(lane, request) for lane, request in zip(lanes, requests, strict=True)]
         mid = time.perf_counter()
         outs = self.target.run([block(lane, d, r) for lane, d, r in zip(lanes, drafts, requests, strict=True)])
         best = self._argmax(lanes, outs)
@@ -155,7 +157,8 @@ class RoundLoop:
             self.target.commit(i, keep)
             if lane.reads:
                 pick = slice(0, len(keep)) if is_prefix(keep) else torch.tensor(keep, device=out.logits.device)
-                lane.drafter.observe(out.rows(lane.reads, pick))
+                with eager_attention():
+                    lane.drafter.observe(out.rows(lane.reads, pick))
             new = [draft.tokens[j] for j in path] + [nxt]
             lane.context += new
             if len(draft):

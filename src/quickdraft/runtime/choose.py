@@ -9,6 +9,7 @@ Devices: `resolve_device` turns auto|cpu|cuda into the device models run on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 
@@ -57,16 +58,17 @@ def resolve_device(device: str) -> str:
         raise QuickdraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise QuickdraftError(f"--device cuda: no CUDA device is available (torch {torch.__version__})")
-    resolved = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if resolved == "cuda":
-        eager_attention_off_cudnn()
-    return resolved
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def eager_attention_off_cudnn() -> None:
-    """SDPA on CUDA without cuDNN's kernel (QUICKDRAFT_CUDNN_SDPA=1 keeps it): cuDNN builds a plan for
-    every new shape, and an eager drafter's shapes change every step (issue #50's profile: 1.24 ms of
-    host time a call for the feature head's attention, against a few us for the flash or
-    memory-efficient kernels). A captured graph keeps whichever kernel it was captured with."""
-    if os.environ.get("QUICKDRAFT_CUDNN_SDPA") != "1":
-        torch.backends.cuda.enable_cudnn_sdp(False)
+def eager_attention() -> contextlib.AbstractContextManager:
+    """A context for eager (uncaptured) calls on a GPU: SDPA without cuDNN's kernel (QUICKDRAFT_CUDNN_SDPA=1
+    keeps it). cuDNN builds a plan for every new shape, and an eager drafter's shapes change every
+    step (issue #50's profile: 1.24 ms of host time a call for the feature head's attention). Captured
+    graphs keep cuDNN: their shapes are fixed, and with a mask and grouped-query heads the other
+    kernel left is the math one (five kernels a layer, measured on the H200). Nothing on a CPU."""
+    if not torch.cuda.is_available() or os.environ.get("QUICKDRAFT_CUDNN_SDPA") == "1":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
