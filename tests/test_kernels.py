@@ -385,6 +385,7 @@ def _bad_inputs(ops) -> dict:
         "attend len0": lambda: ops.attend(q, kc, vc, 0, None),
         "attend v shape": lambda: ops.attend(q, kc, torch.zeros(2, 8, 16), 4, None),
         "attend mask": lambda: ops.attend(q, kc, vc, 4, torch.ones(3, 5, dtype=torch.bool)),
+        "attend additive mask": lambda: ops.attend(q, kc, vc, 4, torch.zeros(3, 4)),
         "attend dtype": lambda: ops.attend(q, kc.double(), vc.double(), 4, None),
         "attend noncontig": lambda: ops.attend(q, kc.transpose(1, 2), vc, 4, None),
         "silu odd": lambda: ops.silu_mul(torch.randn(3, 7)),

@@ -137,7 +137,9 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == d, "attend: caches (kv heads, capacity, d)");
   TORCH_CHECK(kv > 0 && heads % kv == 0 && length >= 1 && length <= cap, "attend: shapes");
   const bool masked = mask.has_value() && mask->defined();
-  Tensor m = masked ? mask->to(at::kBool).contiguous() : Tensor();
+  // a bool mask only: an additive float mask (0 / -inf, SDPA's other form) would read inverted as bools
+  TORCH_CHECK(!masked || mask->scalar_type() == at::kBool, "attend: mask must be bool (true: attended)");
+  Tensor m = masked ? mask->contiguous() : Tensor();
   TORCH_CHECK(!masked || (m.dim() == 2 && m.size(0) == T && m.size(1) == length), "attend: mask must be (T, length)");
   Tensor out = at::empty({T, heads * d}, q.options());
   const int64_t group = heads / kv;
