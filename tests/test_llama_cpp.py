@@ -10,7 +10,7 @@ import json
 import pytest
 
 from quickdraft import QuickdraftError
-from quickdraft.bench.llama_cpp import lookup_accepted, quantized_copy
+from quickdraft.bench.llama_cpp import WORKERS, lookup_accepted, quantized_copy
 from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
 
@@ -71,8 +71,13 @@ def test_llama_cpp_plain_and_lookup_on_the_default_gguf(smollm):
     assert a.token_ids[:8] == ours.token_ids[:8]  # the same model (its 4-bit weights) on the same prompt
     assert b.token_ids == a.token_ids  # llama.cpp's greedy lookup is lossless against its own plain decoding
     assert b.num_draft_tokens > 0 and b.num_accepted > 0 and b.target_forwards < a.target_forwards
+    assert plain.child is lookup.child  # one worker for the model: its weights loaded once
+    again = plain.run(ids, 24)  # plain again after lookup runs in the same worker: still plain
+    assert again.token_ids == a.token_ids and again.target_forwards == 24 and again.num_draft_tokens == 0
     plain.close()
+    assert lookup.run(ids, 24).token_ids == a.token_ids  # the worker lives while a user does
     lookup.close()
+    assert not WORKERS  # the last user stopped it
 
 
 @pytest.mark.real_model

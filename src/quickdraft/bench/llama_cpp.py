@@ -102,31 +102,53 @@ class LlamaCppMethod:
         model = quantized_copy(target.gguf, self.quant)
         context = min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
         self.eos = sorted(target.eos_token_ids)
-        self.child = ChildPeer(spec.text, WORKER)
-        try:
-            loaded = self.child.call(
-                "load",
-                model=str(model),
-                n_ctx=context,
-                threads=torch.get_num_threads(),
-                lookup=self.lookup,
-                logits_all=self.speculative,
-            )
-        except QuickdraftError:
-            self.child.close()
-            raise
-        self.system_info = loaded["system_info"]  # the build's instruction sets, as llama.cpp reports them
+        self.key = (str(model), context, torch.get_num_threads())
+        self.child, self.system_info = shared_worker(spec.text, self.key)
 
     @property
     def weights(self) -> str:
         return f"llama-cpp:{self.quant}"
 
     def run(self, prompt_ids: list[int], max_new_tokens: int):
-        got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
+        got = self.child.call(
+            "run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos, lookup=self.lookup
+        )
         out, drafts = got["tokens"], [(at, draft) for at, draft in got["drafts"]]
         drafted = sum(len(d) for _, d in drafts)
         accepted = lookup_accepted(len(prompt_ids), out, drafts)
         return RunOutput(out, got["wall_s"], got["forwards"], len(drafts), drafted, accepted)
 
     def close(self) -> None:
-        self.child.close()
+        release_worker(self.key)
+
+
+# One worker a model: the bench's llama.cpp methods on one GGUF (plain and prompt lookup) share its
+# process, so the weights and llama.cpp's repacked copy of them are loaded once (issue #49's 8 GB: each
+# worker of the 1.5B held about 800 MB of its own). key (model, n_ctx, threads) -> [child, info, users]
+WORKERS: dict[tuple[str, int, int], list] = {}
+
+
+def shared_worker(name: str, key: tuple[str, int, int]) -> tuple[ChildPeer, str]:
+    """The worker holding `key`'s model (started and loaded by its first user) and the build's system
+    info; a failed load stops it and raises (the method fails, the bench goes on)."""
+    if key not in WORKERS:
+        child = ChildPeer(name, WORKER)
+        try:
+            loaded = child.call("load", model=key[0], n_ctx=key[1], threads=key[2])
+        except QuickdraftError:
+            child.close()
+            raise
+        WORKERS[key] = [child, loaded["system_info"], 0]
+    WORKERS[key][2] += 1
+    return WORKERS[key][0], WORKERS[key][1]
+
+
+def release_worker(key: tuple[str, int, int]) -> None:
+    """One user fewer; the last one stops the worker."""
+    entry = WORKERS.get(key)
+    if entry is None:
+        return
+    entry[2] -= 1
+    if entry[2] <= 0:
+        entry[0].close()
+        del WORKERS[key]

@@ -10,10 +10,12 @@ Protocol: one JSON object a line on stdin, one reply a line on the original stdo
 prints go to stderr). Requests:
 - {"op": "quantize", "model", "ftype", "out"}: a requantized copy (llama_model_quantize, 2 threads);
 - {"op": "load", "model", "n_ctx", "threads", "lookup", "logits_all"}: the model (and prompt lookup
-  with `lookup` tokens when > 0); replies the build's system info;
-- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy decoding from the prompt ids; replies the
-  tokens, the seconds it took (prefill included), the forwards (llama_decode calls) and each draft
-  (where it was proposed, its tokens);
+  with `lookup` tokens when > 0, every row's logits kept with `logits_all`); replies the build's
+  system info;
+- {"op": "run", "prompt", "max_new_tokens", "eos", "lookup"}: greedy decoding from the prompt ids,
+  plain or with prompt lookup (`lookup`: its tokens, 0 plain; absent: as loaded); replies the tokens,
+  the seconds it took (prefill included), the forwards (llama_decode calls) and each draft (where it
+  was proposed, its tokens);
 - {"op": "close"}: exit.
 A failure that Python sees replies {"error": "..."}; the loop goes on.
 """
@@ -43,9 +45,37 @@ class Peer:
             return {"error": f"llama_model_quantize failed for {os.path.basename(model)}"}
         return {"ok": True}
 
-    def load(self, model: str, n_ctx: int, threads: int, lookup: int, logits_all: bool) -> dict:
+    def load(self, model: str, n_ctx: int, threads: int, lookup: int = 0, logits_all: bool = True) -> dict:
+        """The model, once for every method on it: plain and prompt-lookup runs share its weights (and
+        llama.cpp's repacked copy of them, about 700 MB of the 1.5B's). Its scores buffer is sized for
+        every row (untouched rows take no memory); each run says whether it keeps them (`run`)."""
         import llama_cpp
 
+        self.llm = llama_cpp.Llama(
+            model_path=model,
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            # with a draft model, llama-cpp-python keeps every row's logits but sizes that buffer by this
+            # flag, not by the draft (0.3.36): past n_batch positions it fails unless told
+            logits_all=True,
+            verbose=False,
+        )
+        self.mode(lookup, logits_all)
+        evaluate = self.llm.eval
+
+        def counted(tokens):  # one llama_decode per call: a target forward
+            self.forwards += 1
+            return evaluate(tokens)
+
+        self.llm.eval = counted
+        info = llama_cpp.llama_print_system_info()
+        return {"ok": True, "system_info": info.decode() if isinstance(info, bytes) else str(info)}
+
+    def mode(self, lookup: int, logits_all: bool = False) -> None:
+        """Plain decoding (only the last row's logits, as a plain load computes them) or llama.cpp's
+        prompt lookup with `lookup` tokens (every row's logits, as it needs), for the runs that follow."""
         draft = None
         if lookup > 0:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -59,29 +89,12 @@ class Peer:
                     return out
 
             draft = Recorded(num_pred_tokens=lookup)
-        self.llm = llama_cpp.Llama(
-            model_path=model,
-            n_ctx=n_ctx,
-            n_batch=512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            draft_model=draft,
-            # with a draft model, llama-cpp-python keeps every row's logits but sizes that buffer by this
-            # flag, not by the draft (0.3.36): past n_batch positions it fails unless told
-            logits_all=logits_all,
-            verbose=False,
-        )
-        evaluate = self.llm.eval
+        self.llm.draft_model = draft
+        self.llm._logits_all = logits_all or draft is not None  # llama-cpp-python's per-call switch (0.3.36)
 
-        def counted(tokens):  # one llama_decode per call: a target forward
-            self.forwards += 1
-            return evaluate(tokens)
-
-        self.llm.eval = counted
-        info = llama_cpp.llama_print_system_info()
-        return {"ok": True, "system_info": info.decode() if isinstance(info, bytes) else str(info)}
-
-    def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
+    def run(self, prompt: list[int], max_new_tokens: int, eos: list[int], lookup: int | None = None) -> dict:
+        if lookup is not None:
+            self.mode(lookup)
         self.forwards, self.drafts = 0, []
         self.llm.reset()  # no prefix reuse between runs: the prompt is prefilled every time, as ours
         out: list[int] = []
@@ -95,7 +108,8 @@ class Peer:
         return {"ok": True, "tokens": out, "wall_s": wall, "forwards": self.forwards, "drafts": self.drafts}
 
     def argmax(self, tokens: list[int]) -> dict:
-        """Teacher-forced: the top-1 id after each prefix of `tokens` (a model loaded with logits_all)."""
+        """Teacher-forced: the top-1 id after each prefix of `tokens` (every row's logits kept)."""
+        self.mode(0, logits_all=True)
         self.llm.reset()
         self.llm.eval(tokens)
         return {"ok": True, "argmax": [int(i) for i in self.llm.scores[: len(tokens)].argmax(-1)]}
