@@ -15,7 +15,7 @@ import pytest
 
 from quickdraft import QuickdraftError
 from quickdraft.bench import llama_spec
-from quickdraft.bench.llama_spec import LlamaSpecMethod, binary_path, build_args, command, parse_run
+from quickdraft.bench.llama_spec import LlamaSpecMethod, binary_path, build_args, command, context_for, parse_run
 from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, peak_rss_kib
 from quickdraft.bench.runner import _is_plain, _methods_with_ar
@@ -41,6 +41,14 @@ def test_the_command_line_names_the_draft_type_keeps_the_prompt_and_maps_the_key
     assert cmd[cmd.index("-p") + 1] == PROMPT  # verbatim: -f would drop the trailing newline
     assert cmd[cmd.index("--spec-draft-n-max") + 1] == "16" and cmd[cmd.index("--spec-draft-p-min") + 1] == "0.75"
     assert "--spec-draft-n-min" not in cmd and cmd[cmd.index("-n") + 1] == "96" and "--temp" in cmd
+    assert cmd[cmd.index("-c") + 1] == "4096"
+    sized = command(Path("/b"), Path("t.gguf"), Path("d.gguf"), PROMPT, {}, 2, 128, context_for(300, 128))
+    assert sized[sized.index("-c") + 1] == "512"  # 300 + 128 + 64 spare, in steps of 256
+
+
+def test_a_runs_context_holds_its_prompt_and_tokens():
+    assert context_for(300, 128) == 512 and context_for(321, 128) == 768 and context_for(5000, 128) == 4096
+    assert all(context_for(t, n) >= min(t + n + 64, 4096) for t in (1, 200, 700, 3000) for n in (1, 128, 512))
 
 
 def test_a_real_runs_output_is_read():

@@ -165,13 +165,23 @@ def parse_run(stdout: str, stderr: str, prompt_text: str) -> SpecRun:
     )
 
 
-def command(binary: Path, target: Path, draft: Path, prompt: str, spec_keys: dict, threads: int, n: int) -> list[str]:
+def context_for(prompt_tokens: int, n: int, most: int = 4096) -> int:
+    """The context a run needs: the prompt, `n` new tokens and 64 to spare (llama.cpp may tokenize the
+    prompt's text a little longer), in steps of 256, at most `most`. Both models' KV caches and compute
+    buffers are sized by it: a fixed 4096 held about 150 MB more for a HumanEval prompt (issue #49's 8 GB)."""
+    return min(most, -(-(prompt_tokens + n + 64) // 256) * 256)
+
+
+def command(
+    binary: Path, target: Path, draft: Path, prompt: str, spec_keys: dict, threads: int, n: int, context: int = 4096
+) -> list[str]:
     """The binary's command line: the draft model's speculation (`--spec-type draft-simple`: without it
     this build picks a type from the draft's metadata and fails), greedy, `n` tokens at most, this many
-    threads for both models. The prompt goes as `-p` (`-f` drops a trailing newline)."""
+    threads for both models, a `context` of positions. The prompt goes as `-p` (`-f` drops a trailing
+    newline)."""
     cmd = [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-p", prompt,
            "-n", str(n), "--temp", "0",
-           "-t", str(threads), "-td", str(threads), "-c", "4096"]  # fmt: skip
+           "-t", str(threads), "-td", str(threads), "-c", str(context)]  # fmt: skip
     for key, flag in _FLAGS.items():
         if key in spec_keys:
             cmd += [flag, str(spec_keys[key])]
@@ -226,7 +236,8 @@ class LlamaSpecMethod:
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         with tempfile.TemporaryDirectory() as tmp:
             files = [Path(tmp) / name for name in ("out.txt", "err.txt")]
-            cmd = command(self.binary, self.model, self.draft, prompt, self.keys, self.threads, max_new_tokens)
+            context = context_for(len(prompt_ids), max_new_tokens)
+            cmd = command(self.binary, self.model, self.draft, prompt, self.keys, self.threads, max_new_tokens, context)
             with files[0].open("w") as out, files[1].open("w") as err:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
                 peak = 0
