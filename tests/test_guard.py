@@ -197,24 +197,3 @@ def test_the_batch_guard_prices_every_rows_drafting(draft_steps):
     plain = sum(c.stats.extra.get("guard_plain_rounds", 0) for c in got)
     assert sum(c.stats.num_draft_tokens for c in got) > 0  # speculation happened before any verdict
     assert (plain > 0) == (draft_steps > 0)
-
-
-@pytest.mark.parametrize("pre_verify", [True, False])
-def test_a_paused_pearl_drafts_nothing_until_its_pause_is_spent(pre_verify):
-    """While the guard pauses, PEARL drafts nothing new: a post round verifies what is pending, then
-    the rounds are plain until the pause is spent (before, post rounds kept drafting through a pause,
-    so a pause of 16 gave about 3 plain rounds on the pair's Spec-Bench rows)."""
-    from quickdraft.decoding.pearl import PearlDecoder
-    from quickdraft.decoding.pearl_logic import PearlConfig
-    from quickdraft.verifiers import GreedyMatch
-
-    target = tiny_llama(dtype=torch.float64)
-    prompt = [5, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9]
-    want = _run(Autoregressive(NativeCachedModel(target.model)), prompt, 60).token_ids
-    config = PearlConfig(pre_verify=pre_verify)
-    pearl = PearlDecoder(NativeCachedModel(target.model), PromptLookupDrafter(), GreedyMatch(), config, 3)
-    pearl.guard = DraftGuard(lambda rows, nodes: 50.0, window=2, pause=6, max_pause=6)  # never pays
-    got = _run(pearl, prompt, 60)
-    pauses, plain = got.stats.extra.get("guard_pauses", 0), got.stats.extra.get("guard_plain_rounds", 0)
-    assert got.token_ids == want and pauses >= 2 and got.stats.num_draft_tokens > 0
-    assert plain >= 6 * (pauses - 1)  # every pause but the last ran its 6 plain rounds

@@ -95,16 +95,14 @@ class PearlDecoder:
         if self.guard is not None:
             self.guard.reset()
         while True:
-            # while the guard pauses nothing new is drafted: a round with drafts pending verifies them,
-            # then each round that drafts nothing and has nothing pending is a plain step, counted
-            paused = self.guard is not None and self.guard.paused()
-            plain = paused and not logic.pending and logic.kind != "draft" and not self.guard.drafts()
+            # a guarded plain round: a pre round (nothing pending) that drafts nothing is a plain step
+            plain = self.guard is not None and logic.kind == "pre" and not logic.pending and not self.guard.drafts()
             feed = logic.target_job()
             start = time.perf_counter()
             p = None if feed is None else logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
             verify_s = time.perf_counter() - start
             drafted, drafted_q, draft_s = (
-                ([], None, draft_s) if paused else self._draft(logic, sampling, generators, draft_s)
+                ([], None, draft_s) if plain else self._draft(logic, sampling, generators, draft_s)
             )
             if p is None:  # draft-only round
                 logic.apply(None, drafted, drafted_q)
