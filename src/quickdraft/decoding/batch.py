@@ -230,7 +230,7 @@ class BatchDecoder:
         batch commits one token per row per such step): its batched forward (the host's surface at
         its rows and widest block) plus every row's drafting. None without a surface or draft cost. A
         lone greedy row whose chained plain step was measured is priced by the clock instead."""
-        if self._lone() and self.rows[0].sampling.greedy and not self.rows[0].reads and self.lone.step_s is not None:
+        if self._lone() and self.lone.clocked(self.rows[0]):
             return self.lone.price(self.target.static)
         surface = self.plan.surface
         if self.draft_cost is None or surface is None:

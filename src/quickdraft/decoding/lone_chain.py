@@ -87,6 +87,11 @@ class LoneChain:
             self.step_s = statistics.median(self._gaps)
         return kept
 
+    def clocked(self, lane) -> bool:
+        """Whether `lane`'s drafted rounds are priced by the clock: a greedy lane whose drafter reads
+        nothing of the target (the ones that chain), once a chained step was measured."""
+        return lane.sampling.greedy and not lane.reads and self.step_s is not None
+
     def begin_round(self, static) -> None:
         self.round_start, self.captures = time.perf_counter(), len(static.captured)
 

@@ -108,11 +108,8 @@ class NativeLlama:
         self.ropes = {k: (f.to(self.device), scale) for k, (f, scale) in rope_sets(model).items()}
         self.long_ropes = {k: (f.to(self.device), start) for k, (f, start) in long_ropes(model).items()}
         self.kernel_layers = LayerKernels(self.layers, self.windows, self.rope_keys)  # plain blocks: one C++ call a run
-
-    @property
-    def additive_masks(self) -> bool:
-        """A batch's masks may go to SDPA as additive float masks (no capped scores read them as bools)."""
-        return all(layer.attn_softcap is None for layer in self.layers)
+        # a batch's masks may go to SDPA as additive float masks: no capped scores read them as bools
+        self.additive_masks = all(layer.attn_softcap is None for layer in self.layers)
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache(
