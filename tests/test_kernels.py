@@ -152,11 +152,13 @@ def test_gelu_tanh_mul_equals_torch(ops):
 @needs_ops
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype, ops):
+@pytest.mark.parametrize("at, t", [(37, 21), (0, 90)])  # a verify after a context; a prefill past ATTEND_ROWS
+def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype, at, t, ops):
     """T causal rows in one call against each row alone over just its keys: equal bits, for every
-    tail of keys (the probabilities go through one vector exp, 16 keys at a time)."""
+    tail of keys (the probabilities go through one vector exp, 16 keys at a time; a row reads keys up
+    to its last attended one only)."""
     torch.manual_seed(0)
-    at, t, heads, kv = 37, 21, 4, 2
+    heads, kv = 4, 2
     q = (torch.randn(t, heads, d) * 3).to(dtype)
     k = (torch.randn(kv, at + t, d) * 3).to(dtype)
     v = torch.randn(kv, at + t, d).to(dtype)
@@ -164,6 +166,19 @@ def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype, o
     wide = ops.attend(q, k, v, at + t, mask)
     alone = torch.cat([ops.attend(q[i : i + 1].contiguous(), k, v, at + i + 1, None) for i in range(t)])
     assert torch.equal(wide, alone)
+
+
+@needs_ops
+def test_a_long_prefill_attends_through_the_kernel_only_on_its_vector_path(monkeypatch):
+    """`long_attention`: AVX-512 levels, bf16/float32 rows, heads of 64/128/256; elsewhere flash SDPA."""
+    kernels._vector_attention.cache_clear()
+    monkeypatch.setattr(kernels, "chosen_level", lambda: "avx512_bf16")
+    assert kernels.long_attention(torch.bfloat16, 128) and kernels.long_attention(torch.float32, 64)
+    assert not kernels.long_attention(torch.float64, 128) and not kernels.long_attention(torch.bfloat16, 16)
+    kernels._vector_attention.cache_clear()
+    monkeypatch.setattr(kernels, "chosen_level", lambda: "avx2")
+    assert not kernels.long_attention(torch.bfloat16, 128)
+    kernels._vector_attention.cache_clear()
 
 
 @needs_ops

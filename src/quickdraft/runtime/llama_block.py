@@ -29,12 +29,13 @@ from quickdraft.runtime.linear import apply_rows
 from quickdraft.runtime.static_cache import KVCache
 
 # Up to this many rows attend through the fused kernel, more (a prompt's prefill) through torch's flash
-# SDPA, whose GEMMs pay there. Every verify width stays on the kernel: its sums run in key order, one
-# key at a time, so a row's attention is the same bits whatever the width, and with the per-row norm,
-# RoPE and SwiGLU kernels and the packed linear (a fixed k order per row) the whole forward is batch-
-# invariant: greedy speculation equals plain decoding exactly in bf16 too. Measured on an AMD EPYC
-# (AVX-512-BF16, 2 threads; scripts/step_profile.py): the kernel beat SDPA at 5 rows (12.3 against 13.5
-# ms), tied at 9 and lost at 17 (26.7 against 23.6 ms).
+# SDPA, whose GEMMs pay there, unless the kernel's AVX-512 path runs (`kernels.long_attention`). Every
+# verify width stays on the kernel: its sums run in key order, one key at a time, so a row's attention is
+# the same bits whatever the width, and with the per-row norm, RoPE and SwiGLU kernels and the packed
+# linear (a fixed k order per row) the whole forward is batch-invariant: greedy speculation equals plain
+# decoding exactly in bf16 too. Measured on an AMD EPYC (AVX-512-BF16, 2 threads; scripts/step_profile.py):
+# the kernel beat SDPA at 5 rows (12.3 against 13.5 ms), tied at 9 and lost at 17 (26.7 against 23.6 ms),
+# before it read each row's keys only up to its last attended one.
 ATTEND_ROWS = 64
 
 
@@ -254,7 +255,9 @@ class Block:
         if self.q_scale != 1.0:
             q = (q * self.q_scale).contiguous()
         n = y.shape[0]
-        if n <= ATTEND_ROWS:  # verify widths: one fused call, batch-invariant; a long prefill: flash SDPA
+        if n <= ATTEND_ROWS or kernels.long_attention(q.dtype, self.head_dim):
+            # verify widths: one fused call, batch-invariant; a long prefill too where the kernel's vector
+            # path runs (a prefill row is then the same bits as the row decoded alone); else flash SDPA
             return ops.attend(q, k_cache, v_cache, at + n, mask)
         keys, values = k_cache[:, : at + n], v_cache[:, : at + n]
         q = q.transpose(0, 1)[None]  # (1, heads, T, d)

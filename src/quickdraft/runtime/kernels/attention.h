@@ -50,15 +50,16 @@ inline __m512 exp16(__m512 x) {
 
 template <typename scalar_t, int D16>
 void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M, scalar_t* O,
-                       int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t length, float scale) {
+                       int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t stride,
+                       const int64_t* lengths, float scale) {
   constexpr int64_t d = 16 * D16;
-  const int64_t padded = (length + 15) / 16 * 16;
   thread_local std::vector<float> p, keep;
-  p.resize(padded);
-  keep.resize(padded);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t t = r / group, h = g * group + r % group;
+    const int64_t length = lengths[t], padded = (length + 15) / 16 * 16;  // this row's keys: up to its last attended
+    p.resize(padded);
+    keep.resize(padded);
     __m512 q[D16];
     for (int c = 0; c < D16; ++c) q[c] = _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc);
     for (int64_t j0 = 0; j0 < length; j0 += 16) {  // scores of 16 keys at a time (a short block: zeros)
@@ -76,7 +77,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
       }
       _mm512_storeu_ps(p.data() + j0, lane_sums16(part));
     }
-    const bool* mrow = M ? M + t * length : nullptr;
+    const bool* mrow = M ? M + t * stride : nullptr;
     for (int64_t j = 0; j < padded; ++j) keep[j] = (j >= length || (mrow && !mrow[j])) ? 0.f : 1.f;
     float best = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, p[j]) : best;
@@ -105,7 +106,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
 
 template <typename scalar_t>
 bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
-                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t length) {
+                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t length, const int64_t* lengths) {
   if (d != 64 && d != 128 && d != 256) return false;
   // tasks: a kv head's rows (row x head of its group) in chunks, about 8 tasks a call, at most 16 rows each
   const int64_t group = heads / kv, rows = T * group;
@@ -114,12 +115,15 @@ bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, c
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task / chunks, r0 = (task % chunks) * chunk, r1 = std::min(rows, r0 + chunk);
+      // chunks taken first, last, second, second last...: under a causal mask late rows read more keys,
+      // and each thread's contiguous range of tasks gets early and late rows alike
+      const int64_t g = task % kv, j = task / kv, c = j % 2 == 0 ? j / 2 : chunks - 1 - j / 2;
+      const int64_t r0 = c * chunk, r1 = std::min(rows, r0 + chunk);
       const scalar_t* Kg = Kp + g * cap * d;
       const scalar_t* Vg = Vp + g * cap * d;
-      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
-      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
-      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, scale);
+      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
+      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
+      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
     }
   });
   return true;
@@ -143,6 +147,17 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
   TORCH_CHECK(!masked || (m.dim() == 2 && m.size(0) == T && m.size(1) == length), "attend: mask must be (T, length)");
   Tensor out = at::empty({T, heads * d}, q.options());
   const int64_t group = heads / kv;
+  // each row reads keys up to its last attended one (a causal prefill: half the work); the keys it skips
+  // are masked, whose probabilities are exact zeros, so its result is the same bits as over all of them
+  std::vector<int64_t> lengths(T, length);
+  if (masked) {
+    const bool* mp = m.data_ptr<bool>();
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t last = length;
+      while (last > 1 && !mp[t * length + last - 1]) --last;
+      lengths[t] = last;
+    }
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "attend", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -153,15 +168,16 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
     scalar_t* O = out.data_ptr<scalar_t>();
 #if defined(__AVX512F__)
     if constexpr (!std::is_same_v<scalar_t, double>) {
-      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, length)) return;
+      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, length, lengths.data())) return;
     }
 #endif
+    const int64_t stride = length;  // a mask row's elements
     const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
     at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
-      const int64_t padded8 = (length + 7) / 8 * 8;
-      std::vector<acc_t> p(padded8, acc_t(0)), keep(padded8, acc_t(0)), qf(d), acc(d);
+      std::vector<acc_t> p((length + 7) / 8 * 8, acc_t(0)), keep((length + 7) / 8 * 8, acc_t(0)), qf(d), acc(d);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = task / heads, h = task % heads, g = h / group;
+        const int64_t t = task / heads, h = task % heads, g = h / group, length = lengths[t];
+        const int64_t padded8 = (length + 7) / 8 * 8;
         const scalar_t* qr = Qp + (t * heads + h) * d;
         for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<acc_t>(qr[i]) * static_cast<acc_t>(scale);
         const scalar_t* kb = Kp + g * cap * d;
@@ -171,7 +187,7 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
           acc_t s = 0;
           for (int64_t i = 0; i < d; ++i) s += qf[i] * static_cast<acc_t>(kr[i]);
           p[j] = s;
-          keep[j] = (M && !M[t * length + j]) ? acc_t(0) : acc_t(1);
+          keep[j] = (M && !M[t * stride + j]) ? acc_t(0) : acc_t(1);
         }
         acc_t best = -std::numeric_limits<acc_t>::infinity();
         for (int64_t j = 0; j < length; ++j) best = keep[j] != 0 ? std::max(best, p[j]) : best;
