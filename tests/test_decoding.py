@@ -215,3 +215,26 @@ def test_seeds_reproduce_and_differ():
     assert a.token_ids == b.token_ids and a.stats.num_draft_tokens > 0
     others = {tuple(run(spec, [1, 2, 3], 30, sampling, seed=s).token_ids) for s in range(12, 20)}
     assert len(others - {tuple(a.token_ids)}) > 0
+
+
+def test_a_windowed_draft_reads_the_prompt_cut_and_the_output_is_unchanged():
+    """`;window=N`: the draft (the target itself, so every draft it sees whole is right) reads the
+    prompt's first SINK tokens and its last N - SINK, then everything generated; greedy output equals
+    plain decoding, speculation happened, and the draft's cache holds the cut sequence only."""
+    from quickdraft.drafters.window import SINK
+
+    target = tiny_llama(dtype=torch.float64)
+    plain = Autoregressive(CachedModel(target.model))
+    prompt = [(7 * i + 3) % 60 + 1 for i in range(40)]
+    window = 12
+    drafter = ModelDrafter(CachedModel(target.model), window=window)
+    got = run(sd(target, drafter), prompt, 30)
+    assert got.token_ids == run(plain, prompt, 30).token_ids
+    assert got.stats.num_accepted_draft_tokens > 0
+    seen = drafter.model.tokens
+    assert seen[:SINK] == prompt[:SINK] and seen[SINK:window] == prompt[-(window - SINK) :]
+    assert seen[window:] == got.token_ids[: len(seen) - window]
+    # the control: without a window the draft reads the whole prompt
+    whole = ModelDrafter(CachedModel(target.model))
+    run(sd(target, whole), prompt, 30)
+    assert whole.model.tokens[: len(prompt)] == prompt

@@ -112,3 +112,12 @@ def test_fallback_chain_uses_the_copy_where_it_matches_and_the_model_elsewhere()
     assert prop.tokens[0] == int(naive_forward_logits(m, ctx)[-1].argmax())
     assert chain.drafters[1].model.tokens == ctx
     assert chain.rounds_by_drafter == [1, 2]
+
+
+@pytest.mark.parametrize("bad", ["0", "4", "x", "-3"])
+def test_a_model_drafters_window_is_refused_unless_past_its_sink(bad):
+    from quickdraft.drafters.model_drafter import parse_model
+
+    with pytest.raises(QuickdraftError, match="window must be an integer"):
+        parse_model(f"some/draft;window={bad}")
+    assert parse_model("some/draft;vocab=64;window=256")[3] == 256

@@ -182,10 +182,12 @@ def test_the_real_pair_speculates_and_equals_plain_decoding():
 
 
 def test_a_cascade_hands_the_engine_dtype_to_its_model_levels():
-    """`csd:model:...>suffix:none` loads its draft model in the engine's dtype (it got "" before)."""
+    """`csd:model:...>suffix:none` and `mix:model:...` load their draft model in the engine's dtype
+    (they got "" before: `mix:model:...` failed with "unknown dtype ''")."""
     from quickdraft.drafters.kinds import DrafterSpec, stage_dtype
 
     assert stage_dtype(DrafterSpec("csd", "model:x>mag"), "bfloat16") == "bfloat16"
+    assert stage_dtype(DrafterSpec("mix", "model:x"), "bfloat16") == "bfloat16"
     assert stage_dtype(DrafterSpec("model", "x"), "bfloat16") == "bfloat16"
     assert stage_dtype(DrafterSpec("truncated", "6"), "bfloat16") == ""  # a copy keeps the target's
 

@@ -103,9 +103,9 @@ def register(*kinds: DrafterKind) -> None:
 
 def stage_dtype(stage: DrafterSpec, dtype: str) -> str:
     """The dtype a stage's draft runs in: its own "@DTYPE", else the engine's for an independent
-    draft model (and for a cascade, which hands it to its model levels), else "" (a copied draft keeps
-    the target's)."""
-    return stage.dtype or (dtype if stage.kind in ("model", "csd") else "")
+    draft model (and for a cascade or a mixed tree, which hand it to their model stages), else "" (a
+    copied draft keeps the target's)."""
+    return stage.dtype or (dtype if stage.kind in ("model", "csd", "mix") else "")
 
 
 def kind_of(name: str) -> DrafterKind:

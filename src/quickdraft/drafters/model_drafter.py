@@ -1,5 +1,5 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
-(`model:PATH|NAME[;quant=MODE][;vocab=K]`, any causal LM sharing the target's vocabulary: a folder or
+(`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder or
 a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the
 target's first N layers (`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
 (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`).
@@ -23,6 +23,7 @@ from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import restricted_head, split_options, split_vocab
+from quickdraft.drafters.window import ContextWindow, parse_window
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
@@ -49,20 +50,25 @@ class ModelDrafter(Drafter):
 
     Cache ownership: this object's CachedModel. At each `propose` the cache is synced to the
     committed context (rejected drafts dropped, unfed tokens such as the last accepted draft and the
-    bonus token fed), then k tokens are drafted; the last drafted token is never fed.
+    bonus token fed), then k tokens are drafted; the last drafted token is never fed. The context it
+    reads is `window`'s view of it (default: all of it).
     """
 
     drafts_trees = True
     can_review = True
 
-    def __init__(self, model: CachedModel, name: str = "model", weights: object = None) -> None:
+    def __init__(
+        self, model: CachedModel, name: str = "model", weights: object = None, window: int | None = None
+    ) -> None:
         self.model = model
         self.name = name
+        self.window = ContextWindow(window)
         self.weights = weights  # the quantized forms `model` runs: held, so other drafters reuse them (shared)
         self._forwards_at_begin = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.model.reset()
+        self.window.begin(prompt_ids)
         self._forwards_at_begin = self.model.num_forwards
 
     @property
@@ -72,7 +78,7 @@ class ModelDrafter(Drafter):
 
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
-        return ModelDrafter(self.model.twin(), self.name, self.weights)
+        return ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size)
 
     def step_seconds(self) -> float:
         """Measured seconds of one draft step (a single-token cached forward); resets the cache."""
@@ -85,6 +91,7 @@ class ModelDrafter(Drafter):
     ) -> TokenTree:
         """A chain of one token per step, or a token tree (drafters/tree.py); the cache ends at `context`.
         A draft with a shorter context than the target stops drafting near its limit (plain steps)."""
+        context = self.window.view(context)
         if request.shape is not None:
             request = request.within(self.model.max_length - len(context) - 1)
             if request.budget < 1:
@@ -109,6 +116,7 @@ class ModelDrafter(Drafter):
     def review(self, context: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
         """One forward over proposed `tokens` after `context` (CS Drafting's review): (m+1, V) logits
         of this model at the positions predicting tokens[0..m-1] and the one after them."""
+        context = self.window.view(context)
         self.model.rollback(min(self.model.length, len(context) - 1))  # so the rows below are all fed
         return self.model.sync(list(context) + list(tokens), last_only=False)[-(len(tokens) + 1) :]
 
@@ -125,20 +133,21 @@ def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
     return resolve_dtype(dtype) if dtype else target.model.dtype
 
 
-MODEL_OPTIONS = ("quant", "vocab")
+MODEL_OPTIONS = ("quant", "vocab", "window")
 
 
 def parse_model(arg: str | None):
-    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH]` -> (path or name, QuantSpec or None, vocab).
-    MODE is `--quantize`'s (none, w4a8, ...); None: w4a8 for a draft born from a GGUF (its own blocks),
-    none otherwise."""
+    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH][;window=N]` -> (path or name, QuantSpec or None, vocab,
+    window). MODE is `--quantize`'s (none, w4a8, ...); None: w4a8 for a draft born from a GGUF (its own
+    blocks), none otherwise. N: the prompt tokens the draft reads (drafters/window.py; None: all)."""
     from quickdraft.weights.quant import parse_quantize
 
     path, options = split_options("model", arg, MODEL_OPTIONS)
     if not path:
         raise QuickdraftError("drafter 'model' needs a path or a model name: model:PATH")
     quant = options.get("quant")  # parsed here, once (a bad mode refused at the edge, the modes named)
-    return path, None if quant is None else parse_quantize(quant), options.get("vocab")
+    window = parse_window(options.get("window"), f"drafter 'model:{arg}'")
+    return path, None if quant is None else parse_quantize(quant), options.get("vocab"), window
 
 
 _DRAFTS: dict[tuple[str, str], tuple] = {}  # (path, dtype) -> (weakref to the model, the LoadedModel's other fields)
@@ -165,19 +174,21 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     from quickdraft.runtime.quantized import quantize_model
     from quickdraft.weights.quant import QuantSpec, check_dtype
 
-    path, quant, vocab = parse_model(spec.arg)
+    path, quant, vocab, window = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
     mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
     draft.head_ids = restricted_head(target, vocab)
     if not mode.active:
-        return model_drafter(draft, target, str(spec), runtime)
+        drafter = model_drafter(draft, target, str(spec), runtime)
+        drafter.window = ContextWindow(window)
+        return drafter
     if forces_reference(runtime):
         raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
     check_dtype(draft.model.dtype, f"drafter {spec}")
     vocab_size = check_vocab(target, draft)
     quantized = quantize_model(draft, mode)  # one copy while a drafter holds it: the bench's methods share it
     model = cached_model(draft.model, vocab_size, draft.head_ids, "native", quantized.linears)
-    return ModelDrafter(model, name=str(spec), weights=quantized)
+    return ModelDrafter(model, name=str(spec), weights=quantized, window=window)
 
 
 def parse_truncated(arg: str | None) -> int:
@@ -233,7 +244,7 @@ def _export_truncated(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str |
 
 MODEL = DrafterKind(
     name="model",
-    usage="model:PATH|NAME[;quant=MODE][;vocab=K]",
+    usage="model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]",
     summary="an independent draft model sharing the target's vocabulary (a folder or a named one, e.g. "
     "qwen2.5-coder-0.5b: its GGUF's blocks as w4a8 unless ;quant=none)",
     build=_model,
