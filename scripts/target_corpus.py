@@ -3,6 +3,8 @@
 
     python scripts/target_corpus.py --target gemma3-270m --data ../shared/data/seqkd --output runs/gemma-corpus \
         --tokens 500000
+    python scripts/target_corpus.py --target qwen2.5-coder-1.5b --chat --quantize w4a8 --output runs/qwen-corpus \
+        --minutes 15 --threads 2
 
 The SeqKD rows hold SmolLM2's chat-templated token ids: each prompt is decoded with SmolLM2's
 tokenizer, its user turn taken out and re-encoded with the target's tokenizer, as raw text for a
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--chat", action="store_true", help="apply the target's chat template (chat models)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quantize", default="none", help="the weights, as --quantize takes them (w4a8: GGUF blocks)")
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -81,7 +84,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     args.output.mkdir(parents=True, exist_ok=True)
     target = load_model(args.target, "bfloat16")
-    engine = Engine(target, EngineConfig(method="sd", drafter="suffix"))
+    engine = Engine(target, EngineConfig(method="sd", drafter="suffix", quantize=args.quantize))
     have, tokens = done(args.output)
     prompts = []
     for pid, split, text in user_turns(args.data, args.max_chars):
@@ -89,6 +92,7 @@ def main() -> None:
             continue
         if args.chat:
             ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 returns an encoding
         else:
             ids = target.tokenizer(text + "\n").input_ids
         if len(ids) <= args.max_prompt_tokens:

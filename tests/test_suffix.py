@@ -319,3 +319,21 @@ def test_the_server_turns_the_cross_request_cache_on():
     assert cached("distilled", 10) == "distilled"
     assert parse_suffix(cached("suffix:/x", SERVER_SUFFIX_CACHE).split(":", 1)[1])[1] == {"cache": SERVER_SUFFIX_CACHE}
     assert callable(engine_loader(ServeConfig()))
+
+
+def test_the_qwen_targets_own_output_datastore_ships_and_loads(tmp_path, monkeypatch):
+    """The 1.5B's datastore (its greedy answers to SeqKD prompts, scripts/target_corpus.py) is found
+    by the target's name alone, names that target, and loads over its 151,936-id vocabulary; a target
+    with nothing shipped gets None (the request's own text only)."""
+    from types import SimpleNamespace
+
+    from quickdraft.drafters.datastore import META_FILE, shipped_datastore
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))  # the index is built in a fresh cache
+    folder = shipped_datastore(SimpleNamespace(name="Qwen2.5-Coder-1.5B-Instruct"))
+    assert folder is not None and folder.name == "qwen2.5-coder-1.5b-instruct"
+    meta = json.loads((folder / META_FILE).read_text())
+    assert meta["target"] == "Qwen2.5-Coder-1.5B-Instruct" and meta["vocab_size"] == 151_936
+    index = load_datastore(folder, 151_936)
+    assert len(index.tokens) == meta["tokens"]
+    assert shipped_datastore(SimpleNamespace(name="Qwen2.5-Coder-0.5B-Instruct")) is None

@@ -26,6 +26,9 @@ from quickdraft.errors import QuickdraftError
 TOKENS_FILE = "tokens.npy.xz"
 META_FILE = "datastore.json"
 SHIPPED_DATASTORES = ASSETS / "suffix"
+# targets that ship a datastore of their own outputs but none of the default's other assets (its key
+# under assets/suffix): the Qwen2.5-Coder 1.5B's greedy answers to SeqKD's ShareGPT prompts
+OWN_OUTPUTS = {"Qwen2.5-Coder-1.5B-Instruct": "qwen2.5-coder-1.5b-instruct"}
 U16_SEP = np.iinfo(np.uint16).max
 
 
@@ -106,6 +109,9 @@ def load_datastore(folder: Path, vocab_size: int | None = None, quiet: bool = Fa
 
 
 def shipped_datastore(target) -> Path | None:
-    """The datastore folder shipped for `target` (only the embedded default has one), else None."""
+    """The datastore folder shipped for `target` (the embedded default's, or one of `OWN_OUTPUTS`),
+    else None."""
     folder = shipped_asset(SHIPPED_DATASTORES.name, target.name)
+    if folder is None and target.name in OWN_OUTPUTS:
+        folder = SHIPPED_DATASTORES / OWN_OUTPUTS[target.name]
     return folder if folder is not None and (folder / META_FILE).is_file() else None
