@@ -177,3 +177,19 @@ def tiny_model_dir(tmp_path_factory):
     m.model.save_pretrained(path)
     m.tokenizer.save_pretrained(path)
     return str(path)
+
+
+FLAT_CURVE = {1: 1.0, 2: 1.03, 3: 1.08, 5: 1.14, 9: 1.12, 13: 1.38, 17: 1.68, 25: 1.8, 33: 1.85}  # an AVX-512 host's
+
+
+@pytest.fixture
+def flat_costs(monkeypatch):
+    """Pin the host's verify-cost curve and a lone row's batched cost surface to an AVX-512 host's
+    flat ones, for tests of a lone request that assert speculation happened: a tiny target's forwards
+    timed on a loaded CI machine can price every draft out (what the cost model decides from its
+    measures is tested in test_cost_curve.py and test_batch.py)."""
+    from quickdraft import engine
+    from quickdraft.costs import cost_curve
+
+    monkeypatch.setattr(cost_curve, "cost_curve", lambda *a, **k: dict(FLAT_CURVE))
+    monkeypatch.setattr(engine, "batch_cost_surface", lambda *a, **k: {(1, w): v for w, v in FLAT_CURVE.items()})

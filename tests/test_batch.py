@@ -306,7 +306,7 @@ def test_static_forward_reads_a_span_bucket_and_a_lone_row_runs_its_head_inside(
     assert static.lengths() == dynamic.lengths() == [250 + 4 + 3 + 1]
 
 
-def test_graphs_switch_runs_lone_requests_on_the_static_forward():
+def test_graphs_switch_runs_lone_requests_on_the_static_forward(flat_costs):
     """`graphs=on` (what CUDA gets by default): a lone request is a batch of one over the static
     forward (eager on a CPU), equal to the plain loop; a bad setting is refused by name."""
     target = tiny_text_model(dtype=torch.float64)

@@ -71,7 +71,7 @@ def test_switched_off_lean_forms_are_hugging_faces(lean_cpu, monkeypatch):
 
 
 @pytest.mark.parametrize("method,drafter", [("ar", None), ("sd", "suffix:none")])
-def test_additive_masks_keep_speculation_equal_to_plain_in_float64(lean_cpu, monkeypatch, method, drafter):
+def test_additive_masks_keep_speculation_equal_to_plain_in_float64(lean_cpu, flat_costs, monkeypatch, method, drafter):
     """A lone request on the static forward with a batch's masks additive (a GPU's form) gives plain
     decoding's tokens exactly; the attention saw float masks (a spy), and speculation happened. On
     torch's ops, as on a GPU: the fused CPU kernels read bool masks, so they never get additive ones."""

@@ -36,7 +36,7 @@ def _run(target, monkeypatch, price: float | None, drafter: str = "suffix:none")
     return lone.parts.memo["lone_decoder"], outs
 
 
-def test_drafting_starts_with_a_measured_chained_probe(target, monkeypatch):
+def test_drafting_starts_with_a_measured_chained_probe(target, monkeypatch, flat_costs):
     decoder, outs = _run(target, monkeypatch, price=0.5)  # drafted rounds cheap: the guard never pauses
     static = decoder.target.static
     assert decoder.lone.step_s is not None and decoder.lone.step_s > 0
@@ -45,7 +45,7 @@ def test_drafting_starts_with_a_measured_chained_probe(target, monkeypatch):
     assert sum(o.stats.extra.get("guard_pauses", 0) for o in outs) == 0
 
 
-def test_a_paused_guard_runs_its_plain_rounds_chained(target, monkeypatch):
+def test_a_paused_guard_runs_its_plain_rounds_chained(target, monkeypatch, flat_costs):
     decoder, outs = _run(target, monkeypatch, price=50.0)  # drafted rounds dear: the guard pauses
     static = decoder.target.static
     plain_rounds = sum(o.stats.extra.get("guard_plain_rounds", 0) for o in outs)
