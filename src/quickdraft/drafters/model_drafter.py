@@ -121,11 +121,14 @@ class ModelDrafter(Drafter):
         return self.model.sync(list(context) + list(tokens), last_only=False)[-(len(tokens) + 1) :]
 
 
-def model_drafter(draft: LoadedModel, target: LoadedModel, name: str, runtime: str) -> ModelDrafter:
-    """A ModelDrafter over `draft` (its vocabulary checked against the target's), on the target's device."""
+def model_drafter(
+    draft: LoadedModel, target: LoadedModel, name: str, runtime: str, window: int | None = None
+) -> ModelDrafter:
+    """A ModelDrafter over `draft` (its vocabulary checked against the target's), on the target's device,
+    reading `window`'s view of the context (None: all of it)."""
     vocab = check_vocab(target, draft)
     draft.model.to(target.model.device)
-    return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name)
+    return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name, window=window)
 
 
 def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
@@ -179,9 +182,7 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
     draft.head_ids = restricted_head(target, vocab)
     if not mode.active:
-        drafter = model_drafter(draft, target, str(spec), runtime)
-        drafter.window = ContextWindow(window)
-        return drafter
+        return model_drafter(draft, target, str(spec), runtime, window)
     if forces_reference(runtime):
         raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
     check_dtype(draft.model.dtype, f"drafter {spec}")

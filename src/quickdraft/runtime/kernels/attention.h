@@ -106,7 +106,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
 
 template <typename scalar_t>
 bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
-                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t length, const int64_t* lengths) {
+                   int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t stride, const int64_t* lengths) {
   if (d != 64 && d != 128 && d != 256) return false;
   // tasks: a kv head's rows (row x head of its group) in chunks, about 8 tasks a call, at most 16 rows each
   const int64_t group = heads / kv, rows = T * group;
@@ -121,9 +121,9 @@ bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, c
       const int64_t r0 = c * chunk, r1 = std::min(rows, r0 + chunk);
       const scalar_t* Kg = Kp + g * cap * d;
       const scalar_t* Vg = Vp + g * cap * d;
-      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
-      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
-      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, length, lengths, scale);
+      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
     }
   });
   return true;
@@ -166,12 +166,12 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
     const scalar_t* Vp = v_cache.data_ptr<scalar_t>();
     const bool* M = masked ? m.data_ptr<bool>() : nullptr;
     scalar_t* O = out.data_ptr<scalar_t>();
+    const int64_t stride = length;  // a mask row's elements
 #if defined(__AVX512F__)
     if constexpr (!std::is_same_v<scalar_t, double>) {
-      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, length, lengths.data())) return;
+      if (attend_avx512<scalar_t>(Qp, Kp, Vp, M, O, T, heads, kv, d, cap, stride, lengths.data())) return;
     }
 #endif
-    const int64_t stride = length;  // a mask row's elements
     const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
     at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> p((length + 7) / 8 * 8, acc_t(0)), keep((length + 7) / 8 * 8, acc_t(0)), qf(d), acc(d);
