@@ -246,3 +246,21 @@ def test_init_starts_from_a_trained_module(corpus, tmp_path, capsys):
     assert "tree_gain" not in json.loads((tmp_path / "first" / "head" / "draft_head.json").read_text())  # no prompts
     assert main([*args, "--output", str(tmp_path / "bad"), "--init", str(tmp_path / "first" / "kangaroo")]) == 2
     assert "--init" in capsys.readouterr().err
+
+
+def test_a_quantized_target_fills_the_store_with_the_states_it_drafts_from(corpus, tmp_path):
+    """`--quantize w8a8`: the store's features are the quantized target's (what the drafter reads at
+    inference under the same flag), named in its meta; the bf16 store's differ (a negative control)."""
+    import numpy as np
+
+    assert _train(corpus, tmp_path / "q", "--quantize", "w8a8", "--steps", "1") == 0
+    assert _train(corpus, tmp_path / "b", "--steps", "1") == 0
+    meta = json.loads((tmp_path / "q" / "store" / "train" / "meta.json").read_text())
+    assert meta["weights"] == "w8a8" and "weights" not in json.loads(
+        (tmp_path / "b" / "store" / "train" / "meta.json").read_text()
+    )
+    built = np.load(tmp_path / "q" / "store" / "train" / "built.npy")
+    assert built.any()
+    q = np.fromfile(tmp_path / "q" / "store" / "train" / "features.bin", dtype=np.int16)
+    b = np.fromfile(tmp_path / "b" / "store" / "train" / "features.bin", dtype=np.int16)
+    assert q.shape == b.shape and q.any() and not np.array_equal(q, b)

@@ -42,6 +42,11 @@ def cpu_fields() -> dict[str, str]:
     return fields
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512-BF16 or AMX): there bf16 autocast pays."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_fields().get("flags", "").split()))
+
+
 def cpu_model() -> str:
     return cpu_fields().get("model name") or platform.processor() or platform.machine()
 

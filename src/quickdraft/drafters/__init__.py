@@ -12,7 +12,18 @@ Adding a drafter kind: its file (class and `KIND` record) and one entry in `regi
 
 from __future__ import annotations
 
-from quickdraft.drafters import block, cascade, feature_head, kangaroo, mag, mixed, model_drafter, ngram, suffix
+from quickdraft.drafters import (
+    block,
+    cascade,
+    distilled,
+    feature_head,
+    kangaroo,
+    mag,
+    mixed,
+    model_drafter,
+    ngram,
+    suffix,
+)
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.fallback import FallbackDrafter
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, register, stage_dtype
@@ -25,7 +36,7 @@ register(
     ngram.KIND,
     model_drafter.MODEL,
     model_drafter.TRUNCATED,
-    model_drafter.DISTILLED,
+    distilled.KIND,
     feature_head.KIND,
     kangaroo.KIND,
     block.KIND,

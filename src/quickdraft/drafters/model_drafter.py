@@ -1,8 +1,8 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
 (`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder or
 a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the
-target's first N layers (`truncated:N`), a DistillSpec delta (`distilled[:PATH]`) and the target's own weights quantized
-(`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`).
+target's first N layers (`truncated:N`) and the target's own weights quantized (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`);
+a DistillSpec delta (`distilled[:PATH]`) is in `drafters/distilled.py`.
 
 Drafting calls the model's forward directly through a CachedModel, one token per step with the LM
 head on the last position only; `transformers.generate()` is avoided because its per-call set-up
@@ -28,7 +28,6 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
-from quickdraft.weights.delta import load_delta, shipped_delta_dir
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
 
 
@@ -174,22 +173,30 @@ def shared_draft(path: str, dtype: str) -> LoadedModel:
 
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
+    path, quant, vocab, window = parse_model(spec.arg)
+    draft = shared_draft(path, dtype)
+    draft.head_ids = restricted_head(target, vocab)
+    return native_drafter(draft, target, str(spec), runtime, quant, window)
+
+
+def native_drafter(
+    draft: LoadedModel, target: LoadedModel, name: str, runtime: str, quant=None, window: int | None = None
+) -> ModelDrafter:
+    """A draft model's drafter in `quant` (a QuantSpec; None: w4a8 for a GGUF-born draft, its own blocks
+    where a delta did not retrain them, else none), on the native runtime when quantized."""
     from quickdraft.runtime.quantized import quantize_model
     from quickdraft.weights.quant import QuantSpec, check_dtype
 
-    path, quant, vocab, window = parse_model(spec.arg)
-    draft = shared_draft(path, dtype)
     mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
-    draft.head_ids = restricted_head(target, vocab)
     if not mode.active:
-        return model_drafter(draft, target, str(spec), runtime, window)
+        return model_drafter(draft, target, name, runtime, window)
     if forces_reference(runtime):
-        raise QuickdraftError(f"drafter {spec}: a quantized draft needs the native runtime (not --runtime hf)")
-    check_dtype(draft.model.dtype, f"drafter {spec}")
+        raise QuickdraftError(f"drafter {name}: a quantized draft needs the native runtime (not --runtime hf)")
+    check_dtype(draft.model.dtype, f"drafter {name}")
     vocab_size = check_vocab(target, draft)
     quantized = quantize_model(draft, mode)  # one copy while a drafter holds it: the bench's methods share it
     model = cached_model(draft.model, vocab_size, draft.head_ids, "native", quantized.linears)
-    return ModelDrafter(model, name=str(spec), weights=quantized, window=window)
+    return ModelDrafter(model, name=name, weights=quantized, window=window)
 
 
 def parse_truncated(arg: str | None) -> int:
@@ -201,11 +208,6 @@ def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str)
     draft = truncated_copy(target, parse_truncated(spec.arg), own_dtype(dtype, target))
     draft.head_ids = restricted_head(target, split_vocab("truncated", spec.arg)[1])
     return model_drafter(draft, target, str(spec), runtime)
-
-
-def _distilled(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
-    folder = shipped_delta_dir(target) if spec.arg is None else Path(spec.arg).expanduser()
-    return model_drafter(load_delta(target, folder, own_dtype(dtype, target)), target, str(spec), runtime)
 
 
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
@@ -265,17 +267,6 @@ TRUNCATED = DrafterKind(
     can_review=True,
     hf_model=True,
     export=_export_truncated,
-)
-DISTILLED = DrafterKind(
-    name="distilled",
-    usage="distilled[:PATH]",
-    summary="a DistillSpec delta (without PATH the one shipped for the default target)",
-    build=_distilled,
-    drafts_trees=True,
-    can_review=True,
-    hf_model=True,
-    trained_by="distill",
-    asset="distilled",
 )
 QUANT = DrafterKind(
     name="quant",

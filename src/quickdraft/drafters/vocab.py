@@ -83,11 +83,13 @@ def ranked_ids(target_name: str | None, value: str) -> torch.Tensor:
 
 
 def restricted_head(target, value: str | None) -> torch.Tensor | None:
-    """(K,) sorted int64 ids a self-draft's head keeps for `;vocab=VALUE` (None: the whole head)."""
+    """(K,) sorted int64 ids a self-draft's head keeps for `;vocab=VALUE` (None: the whole head): the
+    ranking's first K and the target's EOS ids."""
     if value is None:
         return None
     ranked = ranked_ids(target.name, value)
     if int(ranked.max()) >= target.vocab_size:
         raise QuickdraftError(f";vocab={value}: the ranking holds ids beyond the target's {target.vocab_size}")
     keep = ranked[: int(value)] if value.isdigit() else ranked
-    return keep.sort().values
+    eos = torch.tensor(target.eos_token_ids, dtype=torch.long)  # a draft that can end the turn (a ranking of
+    return torch.cat([keep, eos[eos < target.vocab_size]]).unique()  # another model's answers may lack the EOS)

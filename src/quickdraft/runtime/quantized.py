@@ -136,7 +136,12 @@ def _float32_source(loaded: LoadedModel):
             f"the torch.{ {'F32': 'float32', 'F64': 'float64'}[checkpoint[1]] } checkpoint in {loaded.source}",
         )
     if loaded.gguf is not None:  # a bf16 folder converted from a GGUF: its blocks are the finer copy
-        return gguf_float_reader(loaded.gguf, loaded.model.config), f"{loaded.gguf.name}'s blocks, dequantized"
+        blocks = gguf_float_reader(loaded.gguf, loaded.model.config)
+        if not loaded.trained:
+            return blocks, f"{loaded.gguf.name}'s blocks, dequantized"
+        return (
+            lambda name: params[name].detach().float() if name in loaded.trained else blocks(name)
+        ), f"{loaded.gguf.name}'s blocks, dequantized, and {len(loaded.trained)} trained tensors"
     return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
 
 
@@ -190,7 +195,7 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
     start = time.perf_counter()
     config = loaded.model.config
     types = gguf_types(loaded.gguf, config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
-    own = _gguf_w4a8(loaded, types) if spec.mode == "w4a8" else None
+    own = _gguf_w4a8(loaded, types) if spec.mode == "w4a8" and not loaded.trained else None
     if own is not None:  # the GGUF's own 4-bit blocks, an 8-bit head
         linears, source = own
     elif spec.mode == "gguf":
@@ -199,6 +204,8 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
                 f"--quantize gguf: {loaded.name} was not loaded from a GGUF file (the embedded default is); "
                 "use --quantize int4 or int8"
             )
+        if loaded.trained:
+            raise QuickdraftError(f"--quantize gguf: {loaded.name} has trained layers its GGUF lacks; use w4a8")
         linears, types = gguf_linears(loaded.gguf, config, q8=GGUF_Q8)
         source = f"{loaded.gguf.name} ({_counts(types)}; Q8_0 as {GGUF_Q8})"
     elif spec.active:

@@ -36,6 +36,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.training.data import Batch, Example, FixedData, Sampled, _response_scored, collate
 from quickdraft.training.losses import parse_divergence
 from quickdraft.training.scoring import scored_logits
+from quickdraft.training.seqkd import hard_labels
 
 CACHE_META = "cache.json"
 
@@ -157,7 +158,8 @@ def _concat(parts: list[tuple[Batch, torch.Tensor]], pad_id: int) -> Batch:
 
 
 class CachedData:
-    """All shards of one or more cache folders, in memory; `batch(rng, n)` draws n sequences.
+    """All shards of one or more cache folders, in memory; `batch(rng, n)` draws n sequences. A folder
+    of SeqKD shards (the target's greedy outputs, `scripts/target_corpus.py`) is read as its top 1.
 
     Attributes:
         source: the generator the cache(s) hold ("fixed", "target" or "fixed+target").
@@ -171,6 +173,15 @@ class CachedData:
         sources, ks = [], set()
         for folder in folders:
             folder = Path(folder)
+            if not (folder / CACHE_META).is_file() and any(folder.glob("seqkd-*.jsonl.gz")):
+                seqs, plens, ids, logp = hard_labels(folder)  # the target's own greedy outputs: its top 1
+                self.sequences += seqs
+                self.prompt_lens += plens
+                self.top_ids += ids
+                self.top_logp += logp
+                sources.append("target")
+                ks.add(1)
+                continue
             if not (folder / CACHE_META).is_file():
                 raise QuickdraftError(f"{folder} is not a distillation cache (no {CACHE_META}); build one first")
             spec = json.loads((folder / CACHE_META).read_text())["spec"]
@@ -257,17 +268,25 @@ def topk_divergence(
         (mean divergence over N, mean acceptance sum_k min(p_k, q_k) without gradient).
     """
     name, beta = parse_topk_divergence(divergence)
+    valid = top_logp > -math.inf  # (N, k) entries off a restricted head are -inf (`restrict_top`): p = q = 0
     lq = torch.log_softmax(q_logits.float() / temperature, dim=-1).gather(-1, top_ids)  # (N, k)
+    lq = lq.masked_fill(~valid, -math.inf)
     lp = torch.log_softmax(top_logp.float() / temperature, dim=-1)  # (N, k)
     p, q = lp.exp(), lq.exp()
     outside = (1 - q.sum(-1)).clamp_min(0)  # (N,) q's mass off the top k
+
+    def where_p(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid, x, torch.zeros_like(x))
+
     if name == "fkl":
-        per = (p * (lp - lq)).sum(-1)
+        per = where_p(p * (lp - lq)).sum(-1)
     elif name == "tvd":
         per = 0.5 * ((p - q).abs().sum(-1) + outside)
     else:
         lm = torch.logaddexp(lp + math.log(beta), lq + math.log(1 - beta))
-        per = beta * (p * (lp - lm)).sum(-1) + (1 - beta) * ((q * (lq - lm)).sum(-1) - outside * math.log(1 - beta))
+        per = beta * where_p(p * (lp - lm)).sum(-1) + (1 - beta) * (
+            where_p(q * (lq - lm)).sum(-1) - outside * math.log(1 - beta)
+        )
     with torch.no_grad():
         acc = torch.minimum(p, q).sum(-1).mean()
     return per.mean(), acc

@@ -20,7 +20,8 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument(
         "--init",
         default="truncated:2",
-        help="truncated:N | model:NAME|PATH | small:layers=N,hidden=H,... (default truncated:2)",
+        help="truncated:N | model:NAME|PATH[;train=N] (a draft model; N: only its last N layers train) | "
+        "small:layers=N,hidden=H,... (default truncated:2)",
     )
     d.add_argument("--divergence", default="fkl", help="fkl = KL(p||q), rkl = KL(q||p), jsd[:BETA], tvd (default fkl)")
     d.add_argument(
@@ -31,7 +32,13 @@ def add_distill_parsers(sub, add_model_flags) -> None:
     d.add_argument(
         "--cache",
         default="",
-        help="train from cache folder(s) made by `quickdraft distill-data` (comma-separated) instead of --mix",
+        help="train from cache folder(s) made by `quickdraft distill-data`, or SeqKD folders of the target's own "
+        "greedy outputs (scripts/target_corpus.py: its top 1), comma-separated, instead of --mix",
+    )
+    d.add_argument(
+        "--restrict-head",
+        action="store_true",
+        help="with --cache and --draft-vocab K: train the draft's softmax over its K head ids, as it drafts",
     )
     d.add_argument(
         "--draft-vocab",
@@ -134,9 +141,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
         seed=args.seed,
         cache=args.cache,
         draft_vocab=args.draft_vocab,
+        restrict_head=args.restrict_head,
     )
-    # the target runs in float32: exact, and on CPUs without native bf16 much faster for batched work
-    target = load_model(args.target, "float32")
+    # the target runs in float32: exact, and on CPUs without native bf16 much faster for batched work;
+    # from cached data it never runs (its tokenizer, vocabulary and name are read): bf16, no float32 copy
+    target = load_model(args.target, "bfloat16" if args.cache else "float32")
     if target.tokenizer is None:
         raise QuickdraftError("distillation on ShareGPT needs the target's tokenizer")
     examples = []
@@ -145,7 +154,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     student = make_student(target, args.init)
     distiller = Distiller(target, student, examples, config, device)
     history = distiller.train(progress=not args.no_progress)
-    if student.init.startswith("truncated:"):
+    if student.init.startswith(("truncated:", "model:")):
         meta = {"target": target.name, "command": "quickdraft " + shlex.join(args.argv), "steps": args.steps}
         save_delta(student, Path(args.output) / "delta", meta, head_ids=distiller.head_ids)
     last = history[-10:]

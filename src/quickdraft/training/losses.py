@@ -140,3 +140,19 @@ def distill_loss(
     with torch.no_grad():
         acc = acceptance(lp, lq).mean()
     return loss, acc
+
+
+def restrict_top(
+    top_ids: torch.Tensor, top_logp: torch.Tensor, head_ids: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's cached top k seen through a draft head restricted to `head_ids` (K,): ids mapped to
+    head rows, the log-probs of ids off the head set to -inf (`topk_divergence` renormalises p over the
+    rest), and which rows keep any mass: (ids (M, k), logp (M, k), keep (N,) bool), M = keep.sum().
+    A draft that cannot propose a token is trained on the target's law over the tokens it can."""
+    index = torch.full((vocab,), -1, dtype=torch.long, device=top_ids.device)
+    index[head_ids.to(top_ids.device)] = torch.arange(head_ids.numel(), device=top_ids.device)
+    mapped = index[top_ids]  # (N, k)
+    inside = mapped >= 0
+    keep = inside.any(-1)
+    logp = top_logp.masked_fill(~inside, float("-inf"))
+    return mapped.clamp_min(0)[keep], logp[keep], keep

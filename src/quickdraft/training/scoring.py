@@ -7,8 +7,9 @@ import torch
 from quickdraft.training.data import Batch
 
 
-def scored_logits(model, batch: Batch) -> torch.Tensor:
-    """Run a causal LM over the batch and return logits only where scored: (N, V).
+def scored_logits(model, batch: Batch, head_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Run a causal LM over the batch and return logits only where scored: (N, V), or (N, K) over the
+    K rows `head_ids` (K,) of its LM head (a restricted draft's own softmax).
 
     The LM head (the cost that dominates a small draft) is applied to the N scored positions only.
     """
@@ -19,4 +20,7 @@ def scored_logits(model, batch: Batch) -> torch.Tensor:
         use_cache=False,
     )
     hidden = out.last_hidden_state[batch.loss_mask]  # (N, H)
-    return model.get_output_embeddings()(hidden)  # (N, V)
+    head = model.get_output_embeddings()
+    if head_ids is None:
+        return head(hidden)  # (N, V)
+    return torch.nn.functional.linear(hidden, head.weight[head_ids.to(hidden.device)])  # (N, K)

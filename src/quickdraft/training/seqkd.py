@@ -65,3 +65,19 @@ def response_mask(lengths: Sequence[int], prompt_lens: Sequence[int], width: int
     lo = torch.tensor([p - 1 for p in prompt_lens])[:, None]
     hi = torch.tensor([n - 1 for n in lengths])[:, None]
     return (t >= lo) & (t <= hi)
+
+
+def hard_labels(folder: Path, max_len: int = 1024) -> tuple[list, list[int], list[torch.Tensor], list[torch.Tensor]]:
+    """A SeqKD corpus's greedy train rows as a top-1 cache (`training/cache.CachedData` reads it so):
+    (sequences, prompt lengths, per sequence the (n, 1) next-token ids at its n scored positions and
+    their (n, 1) log-probabilities, all 0). At temperature 0 the target's law is one-hot on the token it
+    chose, so forward KL against it is the cross-entropy of the draft on the target's own outputs."""
+    seqs, prompt_lens, ids, logp = [], [], [], []
+    for row in read_seqkd(folder, "train", ("greedy",)):
+        seq, plen = window(row, max_len)
+        seqs.append(seq)
+        prompt_lens.append(plen)
+        nxt = torch.tensor(seq[plen:], dtype=torch.long)[:, None]  # position plen-1+i predicts seq[plen+i]
+        ids.append(nxt)
+        logp.append(torch.zeros(nxt.shape))
+    return seqs, prompt_lens, ids, logp

@@ -12,6 +12,16 @@ import json
 from pathlib import Path
 
 
+def truncate_history(path: Path, step: int) -> None:
+    """Drop a `history.jsonl`'s rows of steps after `step` (a run stopped between two checkpoints)."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    keep = [x for x in lines if x.strip() and json.loads(x)["step"] <= step]
+    if len(keep) != len(lines):
+        path.write_text("".join(x + "\n" for x in keep))
+
+
 def append_eval(path: Path, row: dict) -> None:
     """Add one evaluation line (the file is created on first use)."""
     with open(path, "a") as f:

@@ -72,10 +72,12 @@ class TrainRun:
     restricted ids `ids`), the corpus stores, the modules and their optimizers."""
 
     def __init__(self, cfg: HeadTrainingConfig, out: Path, store: Path, net, target, train: list[Row], held: list[Row],
-                 ids: torch.Tensor, device: str, decode_prompts: int) -> None:  # fmt: skip
+                 ids: torch.Tensor, device: str, decode_prompts: int, weights: str = "none") -> None:  # fmt: skip
         self.cfg, self.out, self.net, self.target, self.device = cfg, out, net, target, device
         self.layer = cfg.exit_layer if "kangaroo" in cfg.kinds else None
         meta = {"target": target.name, "dtype": str(net.dtype), "max_len": cfg.max_len, "exit_layer": self.layer}
+        if weights != "none":  # states of quantized weights (a store of the bf16 ones keeps its old meta)
+            meta["weights"] = weights
         hidden = int(net.embed.shape[1])
         self.train = FeatureStore(store / "train", [window(r, cfg.max_len) for r in train], hidden, self.layer, meta)
         held_windows = [window(r, cfg.max_len) for r in held]

@@ -58,7 +58,8 @@ def shipped_delta_dir(target: LoadedModel) -> Path:
 def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch.dtype | None) -> LoadedModel:
     """The model a delta's tensors go into, checked against what the delta was trained on."""
     if base.startswith("model:"):
-        draft = load_model(base.removeprefix("model:"), str(dtype or target.model.dtype).removeprefix("torch."))
+        path = base.removeprefix("model:").partition(";")[0]  # ";train=N" said which of its layers trained
+        draft = load_model(path, str(dtype or target.model.dtype).removeprefix("torch."))
         check_vocab(target, draft)
         mine = {"hidden_size": int(draft.model.config.hidden_size), "num_layers": draft.model.config.num_hidden_layers}
         what = f"another base than {base}"
@@ -101,6 +102,7 @@ def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = No
                 )
             own[n].copy_(t.to(own[n].dtype))
     draft.name = f"distilled[{folder.name}]"
+    draft.trained = frozenset(tensors)  # a GGUF base's blocks of these are stale: quantize the trained values
     if (folder / DELTA_HEAD).is_file():
         draft.head_ids = load_file(str(folder / DELTA_HEAD))["head_ids"].long()
     return draft

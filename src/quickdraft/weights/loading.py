@@ -29,7 +29,8 @@ class LoadedModel:
 
     `head_ids` (K,) restricts a draft's LM head to K token ids (see CachedModel); None = all.
     `source` is the folder it was loaded from (where quantization reads float32 weights) and `gguf`
-    the GGUF file that folder was converted from (the embedded default), if any.
+    the GGUF file that folder was converted from (the embedded default), if any; `trained` names the
+    tensors a distilled delta replaced (quantization reads those from the model, not from the GGUF).
     """
 
     model: PreTrainedModel
@@ -38,6 +39,7 @@ class LoadedModel:
     head_ids: torch.Tensor | None = None
     source: Path | None = None
     gguf: Path | None = None
+    trained: frozenset[str] = frozenset()
 
     @property
     def output_vocab_size(self) -> int:
