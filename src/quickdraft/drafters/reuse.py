@@ -50,11 +50,16 @@ def shipped_head_dir(kind: str, target: LoadedModel) -> Path:
     return folder
 
 
+# targets whose decoder layers a draft module starts from (`models/draft_heads.init_from_target`: Llama's
+# names and shapes); a Qwen2 layer's q/k/v biases are left out, the module's own block has none
+MODULE_FAMILIES = ("llama", "mistral", "qwen2")
+
+
 def _check_runtime(kind: str, target: LoadedModel, runtime: str) -> None:
     if forces_reference(runtime):
         raise QuickdraftError(f"the {kind} drafter reads the target's hidden states: use --runtime native or auto")
     reason = unsupported_reason(target.model)
-    if reason is None and target.model.config.model_type not in ("llama", "mistral"):
+    if reason is None and target.model.config.model_type not in MODULE_FAMILIES:
         reason = f"draft modules are built on the Llama block ({target.model.config.model_type} is not one)"
     if reason is not None:
         raise QuickdraftError(
