@@ -5,10 +5,12 @@ table (tokens per forward by tree budget: what sizes its `draft_tree` auto on ea
 from __future__ import annotations
 
 import copy
+import gc
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.drafters.kinds import KINDS
 from quickdraft.drafters.reuse import HeadLM
+from quickdraft.host import release_free_memory
 from quickdraft.models.draft_heads import for_inference
 
 
@@ -53,6 +55,9 @@ def decode_eval(
             if i >= len(acc):  # a tree deeper than the chain
                 acc, dra = acc + [0], dra + [0]
             acc[i], dra[i] = acc[i] + a, dra[i] + d
+    del engine, drafter  # each engine packs its own copy of the target's linears (3 GB for the Qwen 1.5B in
+    gc.collect()  # bf16): freed before the next of a gain table's 15 (they piled up to an OOM kill at 24 GB)
+    release_free_memory()
     return {
         "tokens_per_target_forward": tokens / max(1, forwards),
         "draft_acceptance": accepted / max(1, drafted),
