@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.model_drafter import ModelDrafter, model_drafter, native_drafter, own_dtype
+from quickdraft.drafters.model_drafter import ModelDrafter, native_drafter, own_dtype
 from quickdraft.drafters.vocab import split_options
 from quickdraft.drafters.window import parse_window
 from quickdraft.weights.delta import load_delta, shipped_delta_dir
@@ -33,9 +33,7 @@ def parse_distilled(arg: str | None):
 def _build(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     path, quant, window = parse_distilled(spec.arg)
     folder = shipped_delta_dir(target) if path is None else Path(path).expanduser()
-    draft = load_delta(target, folder, own_dtype(dtype, target))
-    if draft.gguf is None and quant is None:  # a truncated copy of the target, or a base in floats
-        return model_drafter(draft, target, str(spec), runtime, window)
+    draft = load_delta(target, folder, own_dtype(dtype, target))  # a truncated copy (no GGUF): unquantized
     return native_drafter(draft, target, str(spec), runtime, quant, window)
 
 

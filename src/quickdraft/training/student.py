@@ -137,7 +137,7 @@ def draft_head_ids(responses: Iterable[Sequence[int]], eos_ids: Iterable[int], k
     ids = rank_tokens(responses, sorted(eos_ids))[:k]
     if len(ids) < k and target_name in VOCAB_FOR:
         seen = set(ids.tolist())
-        more = [t for t in ranked_ids(target_name, "1").tolist() if t not in seen]
+        more = [t for t in ranked_ids(target_name, str(k)).tolist() if t not in seen]  # the whole shipped ranking
         ids = torch.cat([ids, torch.tensor(more[: k - len(ids)], dtype=torch.long)])
     return ids
 
