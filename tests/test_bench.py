@@ -158,10 +158,10 @@ def test_compare_diagnoses_a_mismatch(tiny_model_dir):
 
 def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, tmp_path):
     # unguarded: a draft as costly as the target loses on the cost model, and the guard's verdict carries
-    # across greedy requests; this test is about PEARL's rounds
-    methods = (
-        f"ar,pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,guard=false,pearl:drafter=truncated:1,parallel=1"
-    )
+    # across greedy requests; a fixed window (the random tiny draft is never sure, so its p-min default
+    # would stop every window at one token); this test is about PEARL's rounds
+    seq_method = f"pearl:drafter=model:{tiny_model_dir},gamma=3,draft_schedule=fixed,parallel=0,guard=false"
+    methods = f"ar,{seq_method},pearl:drafter=truncated:1,parallel=1"
     cfg = BenchConfig(
         methods=methods,
         prompts=prompt_file,
@@ -172,7 +172,7 @@ def test_runner_with_pearl_sequential_and_parallel(tiny_model_dir, prompt_file, 
         out=str(tmp_path / "out"),
     )
     m = run_bench(cfg, progress=False)["methods"]
-    seq = m[f"pearl:drafter=model:{tiny_model_dir},gamma=3,parallel=0,guard=false"]
+    seq = m[seq_method]
     par = m["pearl:drafter=truncated:1,parallel=1"]
     for s in (seq, par):
         assert s["lossless_match_rate"] == 1.0 and s["num_draft_tokens"] > 0

@@ -45,6 +45,25 @@ def test_each_losing_probe_doubles_the_pause_and_a_paying_window_resets_it():
     assert plain_rounds() == 3  # the first pause again, not the doubled one
 
 
+def test_a_carried_pause_ends_with_the_request_once_drafting_has_paid():
+    """A carrying guard keeps its pause across requests while drafting never paid (a drafter that
+    loses everywhere); once a window paid, a loss is the text's and the next request starts afresh."""
+    cost = {"steps": 2.0}
+    guard = DraftGuard(lambda rows, nodes: cost["steps"], window=2, pause=4, carries=True)
+    assert [guard.update(4, 1) for _ in range(2)] == [False, True]  # never paid: the pause carries
+    guard.reset()
+    assert guard.paused() and guard.plain_left() == 4
+    while not guard.drafts():
+        pass
+    cost["steps"] = 0.5
+    assert not any(guard.update(4, 1) for _ in range(2))  # a paying window
+    cost["steps"] = 2.0
+    assert guard.update(4, 1) and guard.paused()  # the text turned: paused within this request
+    guard.reset()
+    assert not guard.paused() and guard.drafts()  # the next request starts afresh
+    assert not guard.update(4, 1)  # with an empty window
+
+
 def test_a_paying_window_keeps_drafting():
     guard = DraftGuard(lambda rows, nodes: 1.0 + 0.1 * nodes, window=2, pause=5)
     assert not any(guard.update(3, 2) for _ in range(10))  # 2 tokens for 1.3 steps

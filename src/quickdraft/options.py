@@ -66,12 +66,18 @@ OPTIONS: dict[str, Option] = {
     for o in (
         Option("method", ("method",), str, "ar = plain, sd = speculative, pearl = PEARL", tuple(METHODS)),
         Option("drafter", ("drafter",), str, help_text()),
-        Option("draft_length", ("draft", "num_draft_tokens"), int, "draft tokens per round, gamma"),
+        Option(
+            "draft_length",
+            ("draft", "num_draft_tokens"),
+            int,
+            "draft tokens per round, gamma (default 4; a draft model's chains: up to 8, stopped after a token "
+            "it gives p < 0.5, unless a draft option is given)",
+        ),
         Option(
             "draft_schedule",
             ("draft", "schedule"),
             str,
-            "fixed | heuristic (+2/-1) | confidence",
+            "fixed | heuristic (+2/-1) | confidence (stop after a token the draft gives p < threshold)",
             ("fixed", "heuristic", "confidence"),
             aliases=("schedule",),
         ),

@@ -24,7 +24,9 @@ target distribution at its position, so the method is lossless.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, prefill_step
@@ -66,8 +68,10 @@ class PearlDecoder:
         config: PearlConfig,
         gamma: int,
         events: dict[str, int] | None = None,
+        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:
         self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
+        self.keep_drafting = keep_drafting  # (V,) draft logits -> whether to draft on (p-min: stop where unsure)
         self.events = dict(events or {})  # reported once with the first token (parallel declined)
         self.lossy = verifier.lossy
         self.last_verdict: PearlVerdict | None = None
@@ -130,5 +134,5 @@ class PearlDecoder:
         context, k = job
         if k == 0:
             return [], None, draft_s
-        draft = self.drafter.propose(context, DraftRequest.chain(k), sampling, generators.draft)
+        draft = self.drafter.propose(context, DraftRequest.chain(k, self.keep_drafting), sampling, generators.draft)
         return draft.tokens, draft.path_q(), draft_s + time.perf_counter() - start

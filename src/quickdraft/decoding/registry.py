@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from quickdraft.config import SamplingConfig
+from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
@@ -109,9 +109,30 @@ def with_guard(decoder, parts: DecodeParts, chain: bool, sampling: SamplingConfi
     return decoder
 
 
+def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
+    """(the chain `sd` drafts, and by whose schedule PEARL's window stops; events): the configured
+    draft, or, when every draft option is left at its default (`draft_tree` auto: `options_from` makes
+    it 0 once a length or schedule is given) and the drafter has no gain table, its kind's p-min chain
+    (`DrafterKind.pmin`: up to N tokens, stopped after one the draft gives top-1 probability < P)."""
+    from quickdraft.drafters.kinds import KINDS
+
+    draft, stages = parts.config.draft, parts.config.drafter_stages
+    default = DraftConfig()
+    chain = (draft.num_draft_tokens, draft.schedule, draft.confidence_threshold)
+    if draft.tree is not None or chain != (default.num_draft_tokens, default.schedule, default.confidence_threshold):
+        return draft, {}
+    pmin = KINDS[stages[0].kind].pmin if len(stages) == 1 and stages[0].kind in KINDS else None
+    if pmin is None or (parts.drafter is not None and parts.drafter.tree_gain):
+        return draft, {}
+    length, threshold = pmin
+    config = replace(draft, num_draft_tokens=length, schedule="confidence", confidence_threshold=threshold, tree=0)
+    return config, {"draft_pmin_auto": length}
+
+
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
-    draft = parts.config.draft
+    draft, chain_events = auto_chain(parts)
     budget, events = (draft.tree, {}) if draft.tree is not None else auto_tree_budget(parts, sampling)
+    events = {**chain_events, **events}
     if "tree_auto_no_speculation" in events:  # no budget beats plain decoding on this host
         return Autoregressive(parts.target, events)
     if budget > 0:
@@ -123,9 +144,7 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
         shape = TreeShape(budget, width, draft.tree_widths)
         return with_guard(SpeculativeDecoder.tree(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
-    decoder = SpeculativeDecoder(
-        parts.target, parts.drafter, verifier, lambda: make_draft_policy(parts.config.draft), events
-    )
+    decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(draft), events)
     return with_guard(decoder, parts, True, sampling)
 
 
@@ -146,9 +165,13 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         print(f"quickdraft: --parallel declined: {parallel_pays(parts)[1]}", file=sys.stderr)
         parts.memo["pearl_declined"] = True
     if not parts.config.pearl.parallel or declined:
-        events = {"pearl_parallel_declined": 1} if declined else {}
+        draft, events = auto_chain(parts)  # a confidence schedule (the p-min default) ends a window early
+        keep = make_draft_policy(draft).keep_drafting
         gamma = pearl_gamma(parts, parallel=False)
-        decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, gamma, events)
+        if keep is not None and parts.config.pearl.gamma is None:  # unsure drafts stop it: the window may be long
+            gamma = max(gamma, draft.num_draft_tokens)
+        events = {**events, "pearl_parallel_declined": 1} if declined else events
+        decoder = PearlDecoder(parts.target, parts.drafter, verifier, parts.config.pearl, gamma, events, keep)
         return with_guard(decoder, parts, True, sampling)  # its halves run one after the other
     if "pearl_parallel" not in parts.started:
         from quickdraft.decoding.pearl_parallel import ParallelPearl, ParallelSpec, split_cores
@@ -204,7 +227,17 @@ METHODS: dict[str, Method] = {
             "PEARL: the draft keeps drafting while the target verifies",
             _pearl,
             True,
-            ("drafter", "guard", "verifier", "gamma", "pre_verify", "post_verify", "parallel"),
+            (
+                "drafter",
+                "guard",
+                "verifier",
+                "gamma",
+                "draft_schedule",
+                "confidence_threshold",
+                "pre_verify",
+                "post_verify",
+                "parallel",
+            ),
             cpu_only=True,  # its parallel runner pins CPU cores; CUDA streams are not built
         ),
     )

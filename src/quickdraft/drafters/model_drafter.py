@@ -256,6 +256,7 @@ MODEL = DrafterKind(
     can_review=True,
     hf_model=True,
     export=_export_model,
+    pmin=(8, 0.5),  # on the Qwen pair: 1.20x our plain on Spec-Bench quick against 1.07x for chains of 4
 )
 TRUNCATED = DrafterKind(
     name="truncated",

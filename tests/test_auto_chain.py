@@ -1,0 +1,79 @@
+"""An independent draft model's default chain is llama.cpp's p-min (`DrafterKind.pmin`): up to 8
+tokens, stopped after one the draft is unsure of; any draft option given keeps the chain asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from quickdraft import Engine
+from quickdraft.decoding.adaptive import ConfidenceStop, FixedLength
+from quickdraft.options import options_from
+
+pytestmark = pytest.mark.usefixtures("flat_costs")
+
+
+def _engine(tiny_model_dir, **options) -> Engine:
+    return Engine.load(tiny_model_dir, options_from({"drafter": f"model:{tiny_model_dir}", **options}), "float32")
+
+
+def _policy(engine: Engine):
+    from quickdraft.config import SamplingConfig
+
+    decoder = engine.method.build(engine.parts, SamplingConfig())
+    return decoder.make_policy()
+
+
+def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    out = engine.generate("abc", max_new_tokens=16)
+    plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32").generate("abc", max_new_tokens=16)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
+    policy = _policy(engine)
+    assert isinstance(policy, ConfidenceStop) and (policy.gamma, policy.threshold) == (8, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [({"draft_length": "4"}, (FixedLength, 4)), ({"draft_schedule": "confidence"}, (ConfidenceStop, 4))],
+)
+def test_a_draft_option_given_keeps_the_chain_asked_for(tiny_model_dir, options, expected):
+    engine = _engine(tiny_model_dir, **options)
+    out = engine.generate("abc", max_new_tokens=8)
+    assert "draft_pmin_auto" not in out.stats.extra and out.stats.num_draft_tokens > 0
+    policy = _policy(engine)
+    assert type(policy) is expected[0] and policy.gamma == expected[1]
+
+
+def test_kinds_without_pmin_keep_fixed_chains(tiny_model_dir):
+    """The negative control: a copied draft (`truncated:`) has no p-min default."""
+    engine = Engine.load(tiny_model_dir, options_from({"drafter": "truncated:1"}), "float32")
+    out = engine.generate("abc", max_new_tokens=8)
+    assert "draft_pmin_auto" not in out.stats.extra and out.stats.num_draft_tokens > 0
+    assert type(_policy(engine)) is FixedLength
+
+
+def test_pearls_window_stops_where_the_draft_is_unsure(tiny_model_dir, tmp_path):
+    """PEARL in one process takes the same default: its window ends early where the draft is unsure,
+    so it may be as long as the p-min chain; a fixed schedule keeps PEARL's own window."""
+    from quickdraft.config import SamplingConfig
+
+    from conftest import tiny_text_model
+
+    engine = _engine(tiny_model_dir, method="pearl")
+    decoder = engine.method.build(engine.parts, SamplingConfig())
+    assert decoder.keep_drafting is not None and decoder.gamma >= 8
+    other = tiny_text_model(seed=1)  # a draft that disagrees with the target: windows get rejected
+    other.model.save_pretrained(tmp_path)
+    other.tokenizer.save_pretrained(tmp_path)
+    plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32").generate("abc", max_new_tokens=24)
+    steps = {}
+    for schedule in ("fixed", "confidence"):
+        options = {"drafter": f"model:{tmp_path}", "method": "pearl", "gamma": "6", "guard": "0"}
+        options |= {"draft_schedule": schedule, "confidence_threshold": "0.99"}
+        run = Engine.load(tiny_model_dir, options_from(options), "float32")
+        out = run.generate("abc", max_new_tokens=24)
+        assert out.token_ids == plain.token_ids and out.stats.num_draft_tokens > 0
+        assert (run.method.build(run.parts, SamplingConfig()).keep_drafting is None) == (schedule == "fixed")
+        steps[schedule] = run.drafter.draft_steps
+    assert steps["confidence"] < steps["fixed"]  # unsure drafts stopped the windows early
