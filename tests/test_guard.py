@@ -162,6 +162,40 @@ def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
 
 
 @pytest.mark.parametrize("pre_verify", [True, False])
+def test_a_pause_keeps_pearls_rounds_plain_until_the_probe(pre_verify):
+    """Every round of a pause is plain, with or without pre-verify: a plain round leaves PEARL at its
+    first kind (not a post round over nothing pending, which drafted between the plain ones), and
+    without pre-verify a paused draft-only round becomes a plain step; drafts pending at a verdict
+    are verified without drafting more. A guard whose window is 2 drafts only in its windows: at
+    most 2 drafted rounds a verdict (3 without pre-verify: its window opens with a draft-only round)."""
+    from quickdraft.decoding.pearl import PearlDecoder
+    from quickdraft.decoding.pearl_logic import PearlConfig
+    from quickdraft.verifiers import GreedyMatch
+
+    target = tiny_llama(dtype=torch.float64)
+    prompt = [5, 9, 13, 5, 9, 13, 5, 9]
+    want = _run(Autoregressive(NativeCachedModel(target.model)), prompt, 60).token_ids
+
+    class Counted(PromptLookupDrafter):
+        calls = while_paused = 0
+
+        def propose(self, *args, **kwargs):
+            tree = super().propose(*args, **kwargs)
+            Counted.calls += bool(tree.tokens)  # rounds that drafted something
+            Counted.while_paused += pearl.guard.paused()
+            return tree
+
+    config = PearlConfig(pre_verify=pre_verify)
+    pearl = PearlDecoder(NativeCachedModel(target.model), Counted(), GreedyMatch(), config, 3)
+    pearl.guard = DraftGuard(lambda rows, nodes: 50.0, window=2, pause=4)  # drafting never pays
+    got = _run(pearl, prompt, 60)
+    assert got.token_ids == want and got.stats.num_draft_tokens > 0
+    pauses = got.stats.extra["guard_pauses"]
+    assert pauses >= 2 and got.stats.extra["guard_plain_rounds"] >= 4 + 8
+    assert Counted.calls <= (2 if pre_verify else 3) * (pauses + 1) and Counted.while_paused == 0
+
+
+@pytest.mark.parametrize("pre_verify", [True, False])
 def test_pearls_guard_is_charged_for_every_drafted_token(pre_verify):
     """Without pre-verify PEARL drafts in rounds with no verify (draft-only rounds); their tokens are
     committed later, so their cost joins the next verified round's: the guard is charged for every

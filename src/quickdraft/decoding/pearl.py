@@ -99,14 +99,19 @@ class PearlDecoder:
         if self.guard is not None:
             self.guard.reset()
         while True:
-            # a guarded plain round: a pre round (nothing pending) that drafts nothing is a plain step
-            plain = self.guard is not None and logic.kind == "pre" and not logic.pending and not self.guard.drafts()
+            # a guarded plain round, at a fresh start (nothing pending): the target's one row, no drafts
+            fresh = logic.kind in ("pre", "draft") and not logic.pending
+            plain = self.guard is not None and fresh and not self.guard.drafts()
+            if plain:
+                logic.plain_round()
             feed = logic.target_job()
             start = time.perf_counter()
             p = None if feed is None else logits_to_probs(self.target.extend(feed), sampling)  # (len(feed), V)
             verify_s = time.perf_counter() - start
+            # paused with drafts pending: verify them (with a bonus token) and draft nothing new
+            idle = plain or (self.guard is not None and logic.kind == "post" and self.guard.paused())
             drafted, drafted_q, draft_s = (
-                ([], None, draft_s) if plain else self._draft(logic, sampling, generators, draft_s)
+                ([], None, draft_s) if idle else self._draft(logic, sampling, generators, draft_s)
             )
             if p is None:  # draft-only round
                 logic.apply(None, drafted, drafted_q)

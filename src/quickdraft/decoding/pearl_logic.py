@@ -93,6 +93,13 @@ class PearlLogic:
     def _start_kind(self) -> str:
         return "pre" if self.pre_verify else "draft"
 
+    def plain_round(self) -> None:
+        """Make this round a plain step (the draft guard's): the target reads the last committed
+        token, nothing is drafted, and the next round starts afresh at the first kind."""
+        if self.pending or self.kind not in ("pre", "draft"):
+            raise QuickdraftError(f"a plain round needs a fresh start, not a {self.kind!r} round with pending drafts")
+        self.kind = "pre"
+
     def draft_job(self) -> tuple[list[int], int] | None:
         """(context, k) for the draft this round, or None when the draft idles. k is gamma, cut so
         that nothing is drafted past the end (a draft-only round leaves room for the bonus token)."""
@@ -176,11 +183,11 @@ class PearlLogic:
         self.committed += new
         self.current_run += len(new)
         events: dict[str, int] = {}
-        if self.kind in ("pre", "post") and n == m:  # all accepted: the rest of the new draft is pending
+        if self.kind in ("pre", "post") and n == m and drafted:  # all accepted: the rest of the new draft is pending
             self.pending = list(drafted[1:])
             self.pending_q = q_rows[1:]
             self.kind = "post" if self.post_verify else ("verify" if self.pending else self._start_kind)
-        else:
+        else:  # a rejection, or a round that drafted nothing (its bonus token ends it): start afresh
             if n < m:  # a rejection ends PEARL's run of accepted tokens (correction token included)
                 events = {"pearl_runs": 1, "pearl_run_tokens": self.current_run}
                 self.current_run = 0
