@@ -52,8 +52,8 @@ def test_an_explicit_draft_length_asks_for_a_chain():
 def test_pearl_options_and_switches():
     cli = _build_parser().parse_args(["generate", "x", "--method", "pearl", "--gamma", "3", "--no-post-verify"])
     cfg = options_from(given_options(cli))
-    assert cfg.pearl.gamma == 3 and cfg.pearl.post_verify is False and cfg.pearl.pre_verify is True
-    assert options_from({"gamma": "auto", "parallel": "1"}).pearl == cfg.pearl.__class__(None, True, True, True)
+    assert cfg.pearl.gamma == 3 and cfg.pearl.post_verify is False and cfg.pearl.pre_verify is None
+    assert options_from({"gamma": "auto", "parallel": "1"}).pearl == cfg.pearl.__class__(None, None, True, True)
 
 
 @pytest.mark.parametrize(

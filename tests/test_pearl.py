@@ -105,7 +105,8 @@ def test_pearl_mean_accepted_tokens_counts_runs_up_to_each_rejection():
 def test_state_machine_conserves_tokens_and_caches_follow():
     target = tiny_llama(dtype=torch.float64)
     cached = CachedModel(target.model)
-    dec = PearlDecoder(cached, _drafter(target, "noisy"), make_verifier(None, GREEDY), PearlConfig(gamma=3), 3)
+    config = PearlConfig(gamma=3, pre_verify=True)  # PRE and POST rounds both
+    dec = PearlDecoder(cached, _drafter(target, "noisy"), make_verifier(None, GREEDY), config, 3)
     prompt = [3, 1, 4]
     committed = list(prompt)
     rounds = dec.rounds(prompt, GREEDY, 60, Generators.from_seed(0))
@@ -188,3 +189,16 @@ def test_pearl_law_test_fails_for_a_broken_verifier():
     assert min(_pair_pvalues(out, 0, p, 5)) < 1e-12
     assert V == 6
     _ = random_transition
+
+
+def test_pre_verify_is_on_in_two_processes_and_off_in_one_unless_given():
+    from quickdraft.decoding.pearl_worker import ParallelSpec
+
+    auto = PearlConfig()
+    assert auto.resolved(parallel=True).pre_verify is True and auto.resolved(parallel=False).pre_verify is False
+    assert PearlConfig(pre_verify=True).resolved(parallel=False).pre_verify is True
+    target = tiny_llama(dtype=torch.float64)
+    dec = PearlDecoder(CachedModel(target.model), PromptLookupDrafter(), make_verifier(None, GREEDY), auto, 3)
+    assert dec.config.pre_verify is False
+    spec = ParallelSpec(None, (), "float32", auto, None, ((0,), (1,)))
+    assert spec.pearl.pre_verify is True

@@ -33,8 +33,11 @@ def _spec(model_dir, drafter="truncated:1", **pearl):
 @pytest.mark.parametrize("sampling", [SamplingConfig(seed=0), SamplingConfig(temperature=1.0, seed=6)])
 def test_parallel_equals_sequential(tiny_model_dir, sampling):
     target = load_model(tiny_model_dir, "float32")
-    config = EngineConfig(  # unguarded, as the two-process runner is: the same rounds draw for draw
-        method="pearl", drafter="truncated:1", pearl=PearlConfig(gamma=3), draft=DraftConfig(guard=False)
+    config = EngineConfig(  # unguarded and pre-verifying, as the two-process runner is: the same rounds draw for draw
+        method="pearl",
+        drafter="truncated:1",
+        pearl=PearlConfig(gamma=3, pre_verify=True),
+        draft=DraftConfig(guard=False),
     )
     seq = Engine(target, config, dtype="float32")
     with ParallelPearl(_spec(tiny_model_dir)) as par:

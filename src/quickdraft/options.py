@@ -118,7 +118,12 @@ OPTIONS: dict[str, Option] = {
         ),
         Option("gamma", ("pearl", "gamma"), int_or_auto, "PEARL window: an integer or auto (measured)"),
         Option(
-            "pre_verify", ("pearl", "pre_verify"), _bool, "PEARL ablation: turn pre-verify off", flag="--no-pre-verify"
+            "pre_verify",
+            ("pearl", "pre_verify"),
+            _bool,
+            "PEARL's pre-verify: on in two processes, off in one by default (there it spends a target forward on "
+            "one token); the flag turns it off, pre_verify=1 on",
+            flag="--no-pre-verify",
         ),
         Option(
             "post_verify",

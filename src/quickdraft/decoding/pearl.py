@@ -70,7 +70,8 @@ class PearlDecoder:
         events: dict[str, int] | None = None,
         keep_drafting: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:
-        self.target, self.drafter, self.verifier, self.config, self.gamma = target, drafter, verifier, config, gamma
+        self.target, self.drafter, self.verifier, self.gamma = target, drafter, verifier, gamma
+        self.config = config.resolved(parallel=False)  # as given; auto pre-verify is off in one process
         self.keep_drafting = keep_drafting  # (V,) draft logits -> whether to draft on (p-min: stop where unsure)
         self.events = dict(events or {})  # reported once with the first token (parallel declined)
         self.lossy = verifier.lossy

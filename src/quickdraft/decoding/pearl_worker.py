@@ -40,6 +40,9 @@ class ParallelSpec:
     runtime: str = "auto"
     quant: QuantSpec = QuantSpec()  # the engine's parsed --quantize (EngineConfig.quant)
 
+    def __post_init__(self) -> None:  # both workers read one decided pre-verify (auto: on in two processes)
+        object.__setattr__(self, "pearl", self.pearl.resolved(parallel=True))
+
 
 # --- worker side ----------------------------------------------------------------------------------
 
