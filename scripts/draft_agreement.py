@@ -19,6 +19,8 @@ import torch
 
 from quickdraft.drafters.model_drafter import parse_model
 from quickdraft.drafters.vocab import restricted_head
+from quickdraft.training.data import _response_scored, collate
+from quickdraft.training.scoring import scored_logits
 from quickdraft.training.seqkd import read_seqkd
 from quickdraft.weights.delta import load_delta
 from quickdraft.weights.loading import LoadedModel, load_model
@@ -36,15 +38,15 @@ def draft_of(spec: str, target: LoadedModel) -> LoadedModel:
 
 @torch.inference_mode()
 def agreement(draft: LoadedModel, rows) -> tuple[int, int]:
-    """(tokens predicted exactly, tokens) over the rows' responses."""
+    """(tokens predicted exactly, tokens) over the rows' responses: the draft's scored logits at
+    each response position (training's `scored_logits`, over its head ids where it has them)."""
     hits = total = 0
-    head = draft.model.get_output_embeddings().weight
     ids = None if draft.head_ids is None else draft.head_ids.long()
     for row in rows:
-        seq = torch.tensor([list(row.prompt) + list(row.response)])
-        hidden = draft.model.get_decoder()(input_ids=seq).last_hidden_state[0, len(row.prompt) - 1 : -1]
-        logits = hidden @ (head if ids is None else head[ids]).T
-        pred = logits.argmax(-1) if ids is None else ids[logits.argmax(-1)]
+        scored = _response_scored(len(row.prompt), len(row.response))
+        batch = collate([list(row.prompt) + list(row.response)], [scored], 0, "greedy")
+        best = scored_logits(draft.model, batch, ids).argmax(-1)  # (N,)
+        pred = best if ids is None else ids[best]
         hits += int((pred == torch.tensor(row.response)).sum())
         total += len(row.response)
     return hits, total
