@@ -264,3 +264,28 @@ def test_a_quantized_target_fills_the_store_with_the_states_it_drafts_from(corpu
     q = np.fromfile(tmp_path / "q" / "store" / "train" / "features.bin", dtype=np.int16)
     b = np.fromfile(tmp_path / "b" / "store" / "train" / "features.bin", dtype=np.int16)
     assert q.shape == b.shape and q.any() and not np.array_equal(q, b)
+
+
+def test_decode_evaluation_runs_the_runs_weights_on_its_held_copy(monkeypatch):
+    """`train-draft --quantize`: decode evaluation (and the gain table) run the target on the run's
+    weights, sharing the copy the run holds (a 1.5B's bf16 repack per evaluation once ran out of
+    memory); without a holder the engine builds its own (a negative control for the count)."""
+    import gc
+
+    from quickdraft.runtime import quantized
+    from quickdraft.training.decode_eval import decode_eval
+    from quickdraft.training.train_heads import HeadTrainingConfig, new_module
+    from quickdraft.weights.quant import parse_quantize
+
+    target = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.bfloat16)
+    module = new_module("head", target.model, HeadTrainingConfig())
+    built = []
+    build = quantized._build
+    monkeypatch.setattr(quantized, "_build", lambda *a: built.append(1) or build(*a))
+    held = quantized.quantize_model(target, parse_quantize("w8a8"))
+    got = decode_eval(module, "head", target, None, [[5, 6, 7, 5, 6, 7]], 12, quantize="w8a8")
+    assert got["tokens_per_target_forward"] >= 1.0 and len(built) == 1  # the held copy, shared
+    del held
+    gc.collect()
+    decode_eval(module, "head", target, None, [[5, 6, 7, 5, 6, 7]], 12, quantize="w8a8")
+    assert len(built) == 2

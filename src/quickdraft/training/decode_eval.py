@@ -23,10 +23,13 @@ def decode_eval(
     max_new_tokens: int = 48,
     tree: int = 0,
     width: int = DraftConfig.tree_width,
+    quantize: str = "none",
 ) -> dict:
     """Greedy speculative decoding with a copy of `module` (in the target's dtype) on held-out
     prompts: tokens per target forward (the bonus token included) and draft acceptance; chains of
-    the kind's `decode_length`, or dynamic trees of `tree` nodes and `width` (the head)."""
+    the kind's `decode_length`, or dynamic trees of `tree` nodes and `width` (the head). `quantize`:
+    the target's weights as the run reads them (`--quantize`; a caller holding that Quantized shares
+    it with this engine, `quantize_model`)."""
     from quickdraft.engine import Engine  # the engine sits above the distill package's modules
     from quickdraft.options import options_from
 
@@ -40,7 +43,14 @@ def decode_eval(
     record = KINDS[kind]
     drafter = record.from_module(draft, lm, 0.6, kind)
     config = options_from(
-        {"method": "sd", "drafter": kind, "draft_length": record.decode_length, "draft_tree": tree, "tree_width": width}
+        {
+            "method": "sd",
+            "drafter": kind,
+            "draft_length": record.decode_length,
+            "draft_tree": tree,
+            "tree_width": width,
+            "quantize": quantize,
+        }
     )
     engine = Engine(target, config, drafter=drafter)
     tokens = forwards = drafted = accepted = 0
@@ -76,7 +86,7 @@ GAIN_TOKENS = 48  # new tokens per prompt
 
 
 def tree_gain(
-    module, target, head_ids, prompts: list[list[int]], max_new_tokens: int = GAIN_TOKENS
+    module, target, head_ids, prompts: list[list[int]], max_new_tokens: int = GAIN_TOKENS, quantize: str = "none"
 ) -> tuple[dict[int, float], dict[int, int]]:
     """A trained head's gain table: ({tree budget: tokens per target forward}, {budget: the width
     that gave it}), greedy on held-out `prompts`, the best of the dynamic trees of GAIN_SHAPES'
@@ -86,7 +96,7 @@ def tree_gain(
     widths: dict[int, int] = {}
     for b, shapes in GAIN_SHAPES.items():
         for w in shapes:
-            tpf = decode_eval(module, "head", target, head_ids, prompts, max_new_tokens, tree=b, width=w)
+            tpf = decode_eval(module, "head", target, head_ids, prompts, max_new_tokens, b, w, quantize)
             value = round(tpf["tokens_per_target_forward"], 3)
             if value > gain.get(b, 0.0):
                 gain[b], widths[b] = value, w

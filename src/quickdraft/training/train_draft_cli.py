@@ -158,7 +158,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     # the target's states as it runs at inference: under --quantize w4a8 its blocks make the features the
     # drafter will read (and a 1.5B's store fills about 3x faster than in bf16)
     weights = parse_quantize(args.quantize or "none")
-    net = NativeLlama(target.model, quantize_model(target, weights).linears if weights.active else None)
+    held = quantize_model(target, weights) if weights.active else None  # held: decode_eval's engines share it
+    net = NativeLlama(target.model, held.linears if held is not None else None)
     train = read_seqkd(Path(args.data), "train")
     held_all = shuffled(read_seqkd(Path(args.data), "heldout"), args.seed)
     half = (args.eval_rows + 1) // 2  # as many sampled rows as greedy ones: greedy loops flatter a draft
@@ -191,7 +192,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     for k in kinds:  # written before the gain table (minutes more), so a run stopped there keeps them
         export(out / k, run.modules[k], head_ids, {"target": target.name, "heldout_after": after[k], "partial": True})
     gains = {  # a tree drafter's (the head's) tokens per forward by tree budget: what sizes `draft_tree` auto
-        k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts)
+        k: tree_gain(run.modules[k], target, run.ids_or_none, run.prompts, quantize=str(weights))
         for k in kinds
         if DRAFTER_KINDS[k].drafts_trees and run.prompts
     }

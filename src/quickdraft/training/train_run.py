@@ -74,6 +74,7 @@ class TrainRun:
     def __init__(self, cfg: HeadTrainingConfig, out: Path, store: Path, net, target, train: list[Row], held: list[Row],
                  ids: torch.Tensor, device: str, decode_prompts: int, weights: str = "none") -> None:  # fmt: skip
         self.cfg, self.out, self.net, self.target, self.device = cfg, out, net, target, device
+        self.weights = weights  # the target's --quantize: decode evaluation runs the same weights
         self.layer = cfg.exit_layer if "kangaroo" in cfg.kinds else None
         meta = {"target": target.name, "dtype": str(net.dtype), "max_len": cfg.max_len, "exit_layer": self.layer}
         if weights != "none":  # states of quantized weights (a store of the bf16 ones keeps its old meta)
@@ -173,7 +174,9 @@ class TrainRun:
                 if batches:
                     row[mode] = evaluate(module, batches, self.embed, self.full_head, self.ids, steps)
             if decode and self.prompts:
-                row["decode"] = decode_eval(module, k, self.target, self.ids_or_none, self.prompts)
+                row["decode"] = decode_eval(
+                    module, k, self.target, self.ids_or_none, self.prompts, quantize=self.weights
+                )
             append_eval(self.out / "eval.jsonl", row)
             results[k] = row
         plot_evals(read_evals(self.out / "eval.jsonl"), self.out / "eval.png", f"train-draft {self.out.name}")
