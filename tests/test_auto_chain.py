@@ -1,4 +1,4 @@
-"""An independent draft model's default chain is llama.cpp's p-min (`DrafterKind.pmin`): up to 8
+"""An independent draft model's default chain is llama.cpp's p-min (`Drafter.pmin`): up to 8
 tokens, stopped after one the draft is unsure of; any draft option given keeps the chain asked for."""
 
 from __future__ import annotations

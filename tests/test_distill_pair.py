@@ -113,7 +113,7 @@ def test_a_model_student_with_train_n_trains_its_last_layers_and_its_delta_holds
 
 
 def test_a_model_born_delta_drafts_quantized_through_a_window_and_stays_lossless(tiny_model_dir, tmp_path):
-    from quickdraft.drafters.model_drafter import ModelDrafter
+    from quickdraft.drafters.model_drafter import PMIN, ModelDrafter
     from quickdraft.weights.loading import load_model
 
     target = load_model(tiny_model_dir, "float32")
@@ -129,6 +129,10 @@ def test_a_model_born_delta_drafts_quantized_through_a_window_and_stays_lossless
     drafter = Engine(target, EngineConfig(method="sd", drafter=f"distilled:{folder};quant=w8a8;window=8")).drafter
     found = drafter if isinstance(drafter, ModelDrafter) else None
     assert found is not None and found.weights is not None and found.window.size == 8
+    assert found.pmin == PMIN  # a draft model's delta drafts p-min chains by default, as `model:` does
+    truncated = make_student(target, "truncated:1")  # a copy of the target's first layer: no p-min
+    tfolder = save_delta(truncated, tmp_path / "tdelta", {"target": "tiny"}, dtype=torch.float32)
+    assert Engine(target, EngineConfig(method="sd", drafter=f"distilled:{tfolder}")).drafter.pmin is None
     with pytest.raises(QuickdraftError, match="bad option"):
         Engine(target, EngineConfig(method="sd", drafter=f"distilled:{folder};vocab=4"))
 

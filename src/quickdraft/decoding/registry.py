@@ -112,19 +112,15 @@ def with_guard(decoder, parts: DecodeParts, chain: bool, sampling: SamplingConfi
 def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
     """(the chain `sd` drafts, and by whose schedule PEARL's window stops; events): the configured
     draft, or, when every draft option is left at its default (`draft_tree` auto: `options_from` makes
-    it 0 once a length or schedule is given) and the drafter has no gain table, its kind's p-min chain
-    (`DrafterKind.pmin`: up to N tokens, stopped after one the draft gives top-1 probability < P)."""
-    from quickdraft.drafters.kinds import KINDS
-
-    draft, stages = parts.config.draft, parts.config.drafter_stages
-    default = DraftConfig()
+    it 0 once a length or schedule is given) and the drafter has no gain table, its p-min chain
+    (`Drafter.pmin`, a draft model's: up to N tokens, stopped after one it gives top-1 probability < P)."""
+    draft, default = parts.config.draft, DraftConfig()
     chain = (draft.num_draft_tokens, draft.schedule, draft.confidence_threshold)
     if draft.tree is not None or chain != (default.num_draft_tokens, default.schedule, default.confidence_threshold):
         return draft, {}
-    pmin = KINDS[stages[0].kind].pmin if len(stages) == 1 and stages[0].kind in KINDS else None
-    if pmin is None or (parts.drafter is not None and parts.drafter.tree_gain):
+    if parts.drafter is None or parts.drafter.pmin is None or parts.drafter.tree_gain:
         return draft, {}
-    length, threshold = pmin
+    length, threshold = parts.drafter.pmin
     config = replace(draft, num_draft_tokens=length, schedule="confidence", confidence_threshold=threshold, tree=0)
     return config, {"draft_pmin_auto": length}
 

@@ -72,6 +72,9 @@ class Drafter:
             a chain).
         tree_gain_width: the tree width each budget of `tree_gain` was measured at, which auto
             uses with that budget (None: the configured width).
+        pmin: (up to N tokens, stopped after one it gives top-1 probability < P): its default chain
+            when no draft option is given (llama.cpp's p-min: an independent draft model's); None:
+            fixed chains of draft_length.
         parts: the drafters it is built from (a chain's stages, a cascade's levels, a mixed tree's
             sources), for the cost model and the target-state wiring.
         draft_steps: its forwards since `begin` (the bench's cost model).
@@ -85,6 +88,7 @@ class Drafter:
     can_review: bool = False
     tree_gain: dict[int, float] | None = None
     tree_gain_width: dict[int, int] | None = None
+    pmin: tuple[int, float] | None = None
     parts: Sequence[Drafter] = ()
     draft_steps: int = 0
     runs_target_layers: int = 0

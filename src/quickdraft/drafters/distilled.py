@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.model_drafter import ModelDrafter, native_drafter, own_dtype
+from quickdraft.drafters.model_drafter import PMIN, ModelDrafter, native_drafter, own_dtype
 from quickdraft.drafters.vocab import split_options
 from quickdraft.drafters.window import parse_window
-from quickdraft.weights.delta import load_delta, shipped_delta_dir
+from quickdraft.weights.delta import delta_base, load_delta, shipped_delta_dir
 from quickdraft.weights.loading import LoadedModel
 
 
@@ -34,7 +34,10 @@ def _build(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     path, quant, window = parse_distilled(spec.arg)
     folder = shipped_delta_dir(target) if path is None else Path(path).expanduser()
     draft = load_delta(target, folder, own_dtype(dtype, target))  # a truncated copy (no GGUF): unquantized
-    return native_drafter(draft, target, str(spec), runtime, quant, window)
+    drafter = native_drafter(draft, target, str(spec), runtime, quant, window)
+    if delta_base(folder).startswith("model:"):  # a draft model's delta drafts as `model:` does
+        drafter.pmin = PMIN
+    return drafter
 
 
 KIND = DrafterKind(

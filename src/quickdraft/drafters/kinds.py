@@ -70,9 +70,6 @@ class DrafterKind:
         trained_by: the command that trains or builds what it loads ("" = nothing to train).
         asset: the folder under `assets/` where its module or table ships for the default target.
         export: its vLLM `speculative_config` mapping (None: no vLLM equivalent).
-        pmin: (up to N tokens, stop below draft top-1 probability P): the chain `sd` drafts with it
-            when no draft option is given and it has no gain table (llama.cpp's p-min; measured for
-            an independent draft model, docs/benchmarks.md); None: a fixed chain of draft_length.
     """
 
     name: str
@@ -91,7 +88,6 @@ class DrafterKind:
     trained_by: str = ""
     asset: str = ""
     export: Exporter | None = None
-    pmin: tuple[int, float] | None = None
 
 
 KINDS: dict[str, DrafterKind] = {}
