@@ -114,9 +114,9 @@ def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
     draft, or, when every draft option is left at its default (`draft_tree` auto: `options_from` makes
     it 0 once a length or schedule is given) and the drafter has no gain table, its p-min chain
     (`Drafter.pmin`, a draft model's: up to N tokens, stopped after one it gives top-1 probability < P)."""
-    draft, default = parts.config.draft, DraftConfig()
+    draft, d = parts.config.draft, DraftConfig  # its defaults (class attributes of the dataclass)
     chain = (draft.num_draft_tokens, draft.schedule, draft.confidence_threshold)
-    if draft.tree is not None or chain != (default.num_draft_tokens, default.schedule, default.confidence_threshold):
+    if draft.tree is not None or chain != (d.num_draft_tokens, d.schedule, d.confidence_threshold):
         return draft, {}
     if parts.drafter is None or parts.drafter.pmin is None or parts.drafter.tree_gain:
         return draft, {}
