@@ -80,21 +80,28 @@ def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch
     return draft if draft is not None else truncated_copy(target, int(meta["num_layers"]), dtype)
 
 
-def delta_base(folder: Path) -> str:
-    """The base a delta folder's JSON names: `truncated:N` (the target's first N layers) or `model:NAME`."""
+def _delta_meta(folder: Path) -> dict:
+    """A delta folder's JSON, once its tensors are known to be there."""
     meta_path = folder / DELTA_META
     if not meta_path.is_file() or not (folder / DELTA_WEIGHTS).is_file():
         raise QuickdraftError(f"{folder} holds no distilled draft ({DELTA_META} + {DELTA_WEIGHTS})")
-    meta = json.loads(meta_path.read_text())
+    return json.loads(meta_path.read_text())
+
+
+def _named_base(meta: dict) -> str:
     return str(meta.get("init", f"truncated:{meta.get('num_layers')}"))
+
+
+def delta_base(folder: Path) -> str:
+    """The base a delta folder's JSON names: `truncated:N` (the target's first N layers) or `model:NAME`."""
+    return _named_base(_delta_meta(folder))
 
 
 def load_delta(target: LoadedModel, folder: Path, dtype: torch.dtype | None = None) -> LoadedModel:
     """Rebuild a distilled draft for `target` from a delta folder (default: the target's dtype), on the
     base its JSON names (a truncated copy of the target, or the named draft model)."""
-    base = delta_base(folder)
-    meta = json.loads((folder / DELTA_META).read_text())
-    draft = _base(target, base, folder, meta, dtype)
+    meta = _delta_meta(folder)
+    draft = _base(target, _named_base(meta), folder, meta, dtype)
     tensors = weight_files.read(folder / DELTA_WEIGHTS)  # bfloat16, or packed int8/int4 (the shipped one)
     own = dict(draft.model.named_parameters())
     missing = [n for n in tensors if n not in own]
