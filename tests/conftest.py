@@ -7,8 +7,10 @@ import string
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from quickdraft.runtime import kernels
 from quickdraft.runtime.cached_model import TokenCacheVerbs
 from quickdraft.weights.loading import LoadedModel
 
@@ -194,3 +196,27 @@ def flat_costs(monkeypatch):
 
     monkeypatch.setattr(cost_curve, "cost_curve", lambda *a, **k: dict(FLAT_CURVE))
     monkeypatch.setattr(engine, "batch_cost_surface", lambda *a, **k: {(1, w): v for w, v in FLAT_CURVE.items()})
+
+
+# every instruction-set level this host runs (issue #47): the chosen one in the inner loop, the others
+# built (about 30 s each) and checked in CI
+LEVELS = kernels.supported_levels()
+
+
+@pytest.fixture(params=[pytest.param(lv, marks=[pytest.mark.slow] if i else []) for i, lv in enumerate(LEVELS)])
+def ops(request, monkeypatch):
+    """One level's kernels, and every caller of `kernels.fused_ops()` given them (the linears, the forward)."""
+    module = kernels.fused_ops(request.param)
+    if module is None:
+        pytest.skip(f"the {request.param} kernels could not be built here")
+    monkeypatch.setattr(kernels, "fused_ops", lambda level=None: module if level is None else kernels._load(level))
+    return module
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """(n, k) rows on the int8 kernels' activation grid, emulated: absmax / 127 per row and block of 32."""
+    n, k = x.shape
+    blocks = -(-k // 32)
+    xf = F.pad(x.float(), (0, blocks * 32 - k)).view(n, blocks, 32)
+    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
+    return (torch.round(xf / sx) * sx).view(n, blocks * 32)[:, :k]

@@ -15,23 +15,10 @@ from quickdraft.runtime.llama_block import rms_norm, rope_tables, rotate
 from quickdraft.runtime.native_cache import NativeCachedModel
 from quickdraft.runtime.static_cache import KVCache
 
-from conftest import tiny_llama
+from conftest import int8_rows, tiny_llama
 
 DEFAULT = kernels.fused_ops()
 needs_ops = pytest.mark.skipif(DEFAULT is None, reason="the fused kernels could not be built here")
-# every instruction-set level this host runs (issue #47): the chosen one in the inner loop, the others
-# built (about 30 s each) and checked in CI
-LEVELS = kernels.supported_levels()
-
-
-@pytest.fixture(params=[pytest.param(lv, marks=[pytest.mark.slow] if i else []) for i, lv in enumerate(LEVELS)])
-def ops(request, monkeypatch):
-    """One level's kernels, and every caller of `kernels.fused_ops()` given them (the linears, the forward)."""
-    module = kernels.fused_ops(request.param)
-    if module is None:
-        pytest.skip(f"the {request.param} kernels could not be built here")
-    monkeypatch.setattr(kernels, "fused_ops", lambda level=None: module if level is None else kernels._load(level))
-    return module
 
 
 def test_the_kernels_build_where_a_compiler_exists():
@@ -234,15 +221,6 @@ def test_the_packed_linear_choice_is_kept_per_host(tmp_path, monkeypatch):
     kept.write_text("not json")
     assert linear._kept((64, 32), ["fused"], measure(None)) is None and len(calls) == 3
     assert linear._kept((64, 32), ["fused"], measure("fused")) is None and len(calls) == 3  # None is a choice too
-
-
-def int8_rows(x: torch.Tensor) -> torch.Tensor:
-    """(n, k) rows on the int8 kernels' activation grid, emulated: absmax / 127 per row and block of 32."""
-    n, k = x.shape
-    blocks = -(-k // 32)
-    xf = F.pad(x.float(), (0, blocks * 32 - k)).view(n, blocks, 32)
-    sx = xf.abs().amax(dim=-1, keepdim=True) / 127
-    return (torch.round(xf / sx) * sx).view(n, blocks * 32)[:, :k]
 
 
 @needs_ops

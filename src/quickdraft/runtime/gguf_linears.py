@@ -10,9 +10,17 @@ import numpy as np
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.w4a8 import W4A8Linear
+from quickdraft.runtime.w6a8 import W6A8Linear
 from quickdraft.runtime.w8a8 import W8A8Linear, w8a8_linear
 from quickdraft.weights.gguf_convert import unpermute_rows
-from quickdraft.weights.gguf_weights import int4_form, linear_tensors, permuted_heads, q8_values, tensor_blocks
+from quickdraft.weights.gguf_weights import (
+    int4_form,
+    linear_tensors,
+    permuted_heads,
+    q6_k_blocks,
+    q8_values,
+    tensor_blocks,
+)
 from quickdraft.weights.quant import int8_linear
 
 Q8_FORMS = ("bf16", "int8", "w8a8")
@@ -26,10 +34,10 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         path: the .gguf file.
         config: the model's Hugging Face config (heads, kv heads, tie_word_embeddings).
         q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
-            re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid) or
-            "bf16" (left to the model's own weight).
-        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8". Q5_0 and
-            Q6_K follow `q8` ("bf16" aside: they become int8 then).
+            re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid; Q6_K
+            then runs as stored, w6a8) or "bf16" (left to the model's own weight).
+        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8". Q5_0
+            follows `q8`, and Q6_K becomes int8 under "int8" and "bf16".
 
     Returns:
         ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the
@@ -47,7 +55,11 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        form = tensor_blocks(raw, kind, path.name, t.name)
+        # Q6_K under w8a8 runs as stored (w6a8); else its exact float values, a slice at a time
+        if kind == "Q6_K" and q8 == "w8a8":
+            form = ("q6", *q6_k_blocks(raw))
+        else:
+            form = tensor_blocks(raw, kind, path.name, t.name)
         if role in heads:
             order = unpermute_rows(raw.shape[0], heads[role])
             form = (form[0], *(x[order] for x in form[1:]))
@@ -60,6 +72,8 @@ def _kernel_form(form: tuple, q8: str, q4: str) -> object:
     (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes)."""
     if form[0] == "q4":
         return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
+    if form[0] == "q6":
+        return W6A8Linear(*form[1:])
     if form[0] == "q8" and q8 == "w8a8":
         return W8A8Linear(*form[1:])
     if form[0] == "float" and q8 == "w8a8":

@@ -14,9 +14,8 @@ trip (the formats and their math; `runtime/gguf_linears.py` packs them into the 
           dmin m_j                                        a relative 2^-11 at most), or int4 groups
     Q5_0  d (fp16) + 32 5-bit codes: w = (q - 16) d -> int8 codes q - 16 with the block's scale d: w8a8
                                                        blocks of 32 exactly, or int8 per channel
-    Q6_K  256-weight super-blocks, an int8 scale    -> 8-bit blocks of 32 (w8a8) re-rounded from the exact
-          per 16: w = d sc_j (q - 32)                     values (a 32-block's two scales differ): the
-                                                        one type not run exactly as stored
+    Q6_K  256-weight super-blocks, an int8 scale    -> w6a8: the codes, sc_j and d as stored (exact), or
+          per 16: w = d sc_j (q - 32)                     int8 per channel re-rounded from the exact values
     F32 / F16 / BF16                                -> left to the loaded model's own float weight
 
 In float32 the int4 forms reproduce the GGUF's dequantized values exactly (tested on the `gguf`
@@ -137,6 +136,21 @@ def q6_k_values(raw: np.ndarray) -> torch.Tensor:
     from gguf.quants import dequantize
 
     return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q6_K), dtype=np.float32))
+
+
+def q6_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K rows -> (codes (out, in) uint8 0..63, sc (out, in / 16) int8, d (out, in / 256) float32):
+    w = d sc[k // 16] (q - 32). A super-block is 128 bytes of low nibbles, 64 of high bit pairs, 16
+    scales and d; each 128 weights take 64 nibble bytes (l, l + 32: low then high nibble for weights l,
+    l + 64 and l + 32, l + 96) and 32 bit-pair bytes (weight l + 32 i takes bits 2 i, 2 i + 1 of byte l)."""
+    out = raw.shape[0]
+    blocks = raw.reshape(out, -1, 210)
+    ql, qh = blocks[..., :128].reshape(out, -1, 2, 64), blocks[..., 128:192].reshape(out, -1, 2, 32)
+    nib = np.stack([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
+    high = np.stack([(qh >> (2 * i)) & 3 for i in range(4)], axis=-2)  # (out, super, half, 4, 32)
+    codes = (nib | (high << 4)).astype(np.uint8).reshape(out, -1)
+    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).reshape(out, -1)
+    return torch.from_numpy(codes), torch.from_numpy(sc.copy()), _fp16(blocks[..., 208:210])
 
 
 class Q6KRows:

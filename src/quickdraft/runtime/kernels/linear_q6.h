@@ -1,0 +1,214 @@
+// pack_q6 / linear_w6a8: a GGUF's Q6_K weights as stored (6-bit codes, an int8 scale per 16 inputs, an
+// fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/w6a8.py.
+// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
+// linear_int8.h and linear_q4.h): not compiled alone.
+#pragma once
+
+// ---- Q6_K weights x int8 activations in blocks of 32 on VNNI ------------------------------------------------
+// Weights: w = d sc_j (q - 32), q a code 0..63, sc_j an int8 scale per output and 16 inputs, d an fp16
+// scale per output and 256 inputs (Q6_K's super-block). pack_q6 lays them out as (N/16, K/32, 448)
+// bytes: for each 16 outputs and block of 32 inputs, the codes' low 4 bits as pack_q4's four 64-byte
+// quads (byte 64 j + 4 o + i: input 4 j + i in the low nibble, 16 + 4 j + i in the high one), then two
+// 64-byte vectors of their high 2 bits (byte 4 o + i, bits 2 j and 2 j + 1: inputs 4 j + i, then
+// 16 + 4 j + i), the 16 outputs' sc of the block's two halves (int8) and their d (fp16): 7 bits a weight,
+// against w8a8's 9. A block's halves are Q6_K's sub-blocks, so each has its own integer sum, started at
+// -32 times the activations' half-block sum (the codes' offset), then y[r, n] = sum_b s_x[r, b] (d sc_hi
+// acc_hi + d sc_lo acc_lo) in one float order for every row: batch-invariant, as linear_w4a8.
+constexpr int64_t kQ6Bytes = 4 * 64 + 2 * 64 + 2 * kBlock + 2 * kBlock;
+constexpr int64_t kQ6Ahead = 16 * kQ6Bytes;  // bytes fetched ahead of the block being multiplied
+constexpr int kQ6Rows = 6;  // rows of a tile: 3 accumulators a row and 9 temporaries in the 32 registers
+
+// codes (N, K) uint8 0..63, sc (N, K/16) int8, d (N, K/256) float, K a multiple of 256 -> (ceil(N/16), K/32, 448)
+Tensor pack_q6(const Tensor& codes, const Tensor& sc, const Tensor& d) {
+  check_input(codes, "pack_q6: codes", at::kByte, 2);
+  check_input(sc, "pack_q6: sc", at::kChar, 2);
+  check_input(d, "pack_q6: d", at::kFloat, 2);
+  const int64_t N = codes.size(0), K = codes.size(1), KB = K / kQBlock, NBk = (N + kBlock - 1) / kBlock;
+  TORCH_CHECK(K % 256 == 0 && sc.size(0) == N && sc.size(1) == K / 16 && d.size(0) == N && d.size(1) == K / 256,
+              "pack_q6: (N, K) codes with K a multiple of 256, (N, K/16) sc and (N, K/256) d");
+  Tensor out = at::zeros({NBk, KB, kQ6Bytes}, codes.options());
+  const uint8_t* C = codes.data_ptr<uint8_t>();
+  const int8_t* S = sc.data_ptr<int8_t>();
+  const float* D = d.data_ptr<float>();
+  uint8_t* O = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t nb = n / kBlock, o = n % kBlock;
+    for (int64_t b = 0; b < KB; ++b) {
+      uint8_t* blk = O + (nb * KB + b) * kQ6Bytes;
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t lo = C[n * K + 32 * b + 4 * j + i] & 0x3F, hi = C[n * K + 32 * b + 16 + 4 * j + i] & 0x3F;
+          blk[64 * j + 4 * o + i] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+          blk[256 + 4 * o + i] |= static_cast<uint8_t>((lo >> 4) << (2 * j));
+          blk[320 + 4 * o + i] |= static_cast<uint8_t>((hi >> 4) << (2 * j));
+        }
+      blk[384 + o] = static_cast<uint8_t>(S[n * (K / 16) + 2 * b]);
+      blk[400 + o] = static_cast<uint8_t>(S[n * (K / 16) + 2 * b + 1]);
+      const uint16_t dh = half_bits(D[n * (K / 256) + b / 8]);
+      std::memcpy(blk + 416 + 2 * o, &dh, 2);
+    }
+  }
+  return out;
+}
+
+#if defined(__AVX512VNNI__)
+// quad j's 6-bit codes: the nibbles' low 4 bits (junk above them from a 16-bit shift is dropped) and the
+// high-bit vector's bits 2j, 2j+1 moved to bits 4, 5 (what a 16-bit shift carries across a byte lands
+// outside 0x30); (A & C) | B over A = nibbles, B = high bits, C = 0x0F is ternary logic 0xEC
+template <int J>
+inline __m512i q6_codes(__m512i nibbles, __m512i high, __m512i low4, __m512i bits45) {
+  if constexpr (J < 2) high = _mm512_slli_epi16(high, 4 - 2 * J);
+  if constexpr (J == 3) high = _mm512_srli_epi16(high, 2);
+  return _mm512_ternarylogic_epi32(nibbles, _mm512_and_si512(high, bits45), low4, 0xEC);
+}
+#endif
+
+// one block's 16 outputs: t = (float)acc_hi * s_hi, then fma((float)acc_lo, s_lo, t), then fma(t, s_x, y)
+template <int MB, typename out_t>
+inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w, const float* sx, const int32_t* h16,
+                      int64_t sxs, out_t* y, int64_t ys) {
+#if defined(__AVX512VNNI__)
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512 facc[MB];
+  for (int m = 0; m < MB; ++m) facc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ6Bytes;
+    if constexpr (MB > 1)
+      for (int l = 0; l < kQ6Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ6Ahead + l), _MM_HINT_T0);
+    __m512i lo_acc[MB], hi_acc[MB];
+    for (int m = 0; m < MB; ++m) {  // the codes' offset of 32, taken back up front: -32 x each half's sum
+      lo_acc[m] = _mm512_set1_epi32(-32 * h16[m * 2 * sxs + 2 * b]);
+      hi_acc[m] = _mm512_set1_epi32(-32 * h16[m * 2 * sxs + 2 * b + 1]);
+    }
+    const __m512i h_lo = _mm512_loadu_si512(wb + 256), h_hi = _mm512_loadu_si512(wb + 320);
+    const auto quad = [&](auto jc) {  // quad j of the block (j a constant: the shifts take immediates)
+      constexpr int j = decltype(jc)::value;
+      const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+      const __m512i lo = q6_codes<j>(v, h_lo, low4, bits45), hi = q6_codes<j>(_mm512_srli_epi16(v, 4), h_hi, low4, bits45);
+      for (int m = 0; m < MB; ++m) {
+        int32_t q0, q1;
+        std::memcpy(&q0, x + m * xs + 32 * b + 4 * j, 4);
+        std::memcpy(&q1, x + m * xs + 32 * b + 16 + 4 * j, 4);
+        lo_acc[m] = _mm512_dpbusd_epi32(lo_acc[m], lo, _mm512_set1_epi32(q0));
+        hi_acc[m] = _mm512_dpbusd_epi32(hi_acc[m], hi, _mm512_set1_epi32(q1));
+      }
+    };
+    quad(std::integral_constant<int, 0>{});
+    quad(std::integral_constant<int, 1>{});
+    quad(std::integral_constant<int, 2>{});
+    quad(std::integral_constant<int, 3>{});
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 416)));
+    const __m512 s_lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 384)))));
+    const __m512 s_hi = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 400)))));
+    for (int m = 0; m < MB; ++m) {
+      const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_acc[m]), s_lo, _mm512_mul_ps(_mm512_cvtepi32_ps(hi_acc[m]), s_hi));
+      facc[m] = _mm512_fmadd_ps(t, _mm512_set1_ps(sx[m * sxs + b]), facc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    if constexpr (std::is_same_v<out_t, float>) {
+      _mm512_storeu_ps(y + m * ys, facc[m]);
+    } else {
+#if defined(__AVX512BF16__)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys), (__m256i)_mm512_cvtneps_pbh(facc[m]));
+#else
+      alignas(64) float tmp[kBlock];
+      _mm512_store_ps(tmp, facc[m]);
+      for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + i) = float_to_bf16(tmp[i]);
+#endif
+    }
+  }
+#else
+  float facc[MB][kBlock] = {};
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ6Bytes;
+    float s_lo[kBlock], s_hi[kBlock];
+    for (int o = 0; o < kBlock; ++o) {
+      uint16_t dh;
+      std::memcpy(&dh, wb + 416 + 2 * o, 2);
+      const float dv = static_cast<float>(c10::Half(dh, c10::Half::from_bits()));
+      s_lo[o] = dv * static_cast<float>(static_cast<int8_t>(wb[384 + o]));
+      s_hi[o] = dv * static_cast<float>(static_cast<int8_t>(wb[400 + o]));
+    }
+    for (int m = 0; m < MB; ++m) {
+      int32_t lo_acc[kBlock], hi_acc[kBlock];
+      for (int o = 0; o < kBlock; ++o) {
+        lo_acc[o] = -32 * h16[m * 2 * sxs + 2 * b];
+        hi_acc[o] = -32 * h16[m * 2 * sxs + 2 * b + 1];
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int o = 0; o < kBlock; ++o)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t v = wb[64 * j + 4 * o + i];
+            const int32_t ql = (v & 0x0F) | (((wb[256 + 4 * o + i] >> (2 * j)) & 3) << 4);
+            const int32_t qh = (v >> 4) | (((wb[320 + 4 * o + i] >> (2 * j)) & 3) << 4);
+            lo_acc[o] += ql * x[m * xs + 32 * b + 4 * j + i];
+            hi_acc[o] += qh * x[m * xs + 32 * b + 16 + 4 * j + i];
+          }
+      for (int o = 0; o < kBlock; ++o) {  // the vector path's float order, whatever the tile's rows
+        const float t = std::fma(static_cast<float>(lo_acc[o]), s_lo[o], static_cast<float>(hi_acc[o]) * s_hi[o]);
+        facc[m][o] = std::fma(t, sx[m * sxs + b], facc[m][o]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int o = 0; o < kBlock; ++o) {
+      if constexpr (std::is_same_v<out_t, float>) {
+        y[m * ys + o] = facc[m][o];
+      } else {
+        *reinterpret_cast<uint16_t*>(y + m * ys + o) = float_to_bf16(facc[m][o]);
+      }
+    }
+#endif
+}
+
+template <typename out_t>
+void w6a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t* W, const float* SX,
+              const int32_t* H16, out_t* Y, int64_t NBk) {
+  const int64_t ys = NBk * kBlock, tiles = (M + kQ6Rows - 1) / kQ6Rows, rows = tiles ? (M + tiles - 1) / tiles : 0;
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* w = W + nb * KB * kQ6Bytes;
+      for (int64_t m = 0; m < M; m += rows) {  // tiles of equal rows (9 = 5 + 4, not 6 + 3)
+        const int64_t r = std::min<int64_t>(rows, M - m);
+        const int8_t* xr = X + m * xs;
+        const float* s = SX + m * KB;
+        const int32_t* h = H16 + m * 2 * KB;
+        out_t* yr = Y + nb * kBlock + m * ys;
+        switch (r) {
+          case 6: w6a8_tile<6>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+          case 5: w6a8_tile<5>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+          case 4: w6a8_tile<4>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+          case 3: w6a8_tile<3>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+          case 2: w6a8_tile<2>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+          default: w6a8_tile<1>(xr, xs, KB, w, s, h, KB, yr, ys); break;
+        }
+      }
+    }
+  });
+}
+
+// x (M, K) float/bf16; packed = pack_q6 of (N, K) codes -> (M, N) in x's dtype
+Tensor linear_w6a8(const Tensor& x, const Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w6a8: (M, K) CPU rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_w6a8: float or bf16 rows");
+  check_input(packed, "linear_w6a8: packed", at::kByte, 3);
+  const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), KB = packed.size(1), Kp = KB * kQBlock;
+  TORCH_CHECK(K == Kp && packed.size(2) == kQ6Bytes && N >= 0 && N <= NBk * kBlock,
+              "linear_w6a8: x does not match the packed weight");
+  const QuantizedRows& q = quantized_rows(x, Kp, KB);
+  thread_local std::vector<int32_t> h16;  // each row's sum of codes over each half-block of 16
+  h16.resize(M * 2 * KB);
+  for (int64_t i = 0; i < M * 2 * KB; ++i) {
+    int32_t s = 0;
+    for (int k = 0; k < 16; ++k) s += q.xq[16 * i + k];
+    h16[i] = s;
+  }
+  Tensor y = at::empty({M, NBk * kBlock}, x.options());
+  const uint8_t* W = packed.data_ptr<uint8_t>();
+  if (x.scalar_type() == at::kFloat)
+    w6a8_run<float>(q.xq.data(), M, Kp, KB, W, q.sx.data(), h16.data(), y.data_ptr<float>(), NBk);
+  else
+    w6a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), h16.data(), y.data_ptr<at::BFloat16>(), NBk);
+  return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
+}

@@ -1,0 +1,111 @@
+"""A GGUF's Q6_K blocks run as stored (`runtime/w6a8.py`, `kernels/linear_q6.h`): the decode against the
+`gguf` package's own dequantizer, the kernel against its weights times int8 rows at every instruction-set
+level this host runs, batch invariance, and a Q4_K_M file's loader choosing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quickdraft import QuickdraftError
+from quickdraft.runtime import kernels
+from quickdraft.weights.gguf_weights import q6_k_blocks, q6_k_values
+
+from conftest import int8_rows
+
+needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="the fused kernels could not be built here")
+
+
+def random_q6_k(rows: int, supers: int, seed: int = 4) -> np.ndarray:
+    """Random Q6_K rows (gguf has no Q6_K quantizer): any codes and scales, a finite positive d last."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, supers, 210), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.02, rows * supers).astype(np.float16)
+    raw[..., 208:210] = np.frombuffer(d.tobytes(), np.uint8).reshape(rows, supers, 2)
+    return raw.reshape(rows, supers * 210)
+
+
+def weights(codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """(out, in) float32 of w = (d sc) (q - 32)."""
+    scale = d.repeat_interleave(16, dim=1) * sc.float()
+    return scale.repeat_interleave(16, dim=1) * (codes.float() - 32)
+
+
+def test_q6_k_blocks_decode_exactly_what_gguf_dequantizes():
+    raw = random_q6_k(5, 3)
+    codes, sc, d = q6_k_blocks(raw)
+    assert codes.shape == (5, 768) and sc.shape == (5, 48) and d.shape == (5, 3)
+    assert int(codes.max()) <= 63 and codes.dtype == torch.uint8 and sc.dtype == torch.int8
+    assert torch.equal(weights(codes, sc, d), q6_k_values(raw))
+    # negative control: the high bit pairs matter (one code off by 16 in each row changes the values)
+    off = codes.clone()
+    off[:, 40] ^= 16
+    assert not torch.equal(weights(off, sc, d), q6_k_values(raw))
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 9, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w6a8_linear_is_its_q6_k_weights_times_int8_rows(rows, dtype, ops):
+    from quickdraft.runtime.w6a8 import W6A8Linear
+
+    raw = random_q6_k(37, 2, seed=rows)  # 37 outputs: a padded last group of 16
+    lin = W6A8Linear(*q6_k_blocks(raw))
+    exact = q6_k_values(raw)
+    assert torch.equal(lin.dequantized(), exact)  # the stored values, unchanged
+    assert [torch.equal(a, b) for a, b in zip(lin.parts(), q6_k_blocks(raw), strict=True)] == [True] * 3
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    want = F.linear(int8_rows(x), exact)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    got = lin(x)
+    assert got.dtype == dtype and got.shape == (rows, 37)
+    torch.testing.assert_close(got.float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+    if dtype == torch.float32:  # negative control: without the int8 activations the tolerance fails
+        plain = F.linear(x.float(), exact)
+        assert not torch.allclose(plain, want, atol=tol * want.abs().max().item(), rtol=tol)
+    # batch-invariant: a row's output is the same bits alone or among others, whatever the tiles
+    torch.testing.assert_close(torch.cat([lin(x[i : i + 1]) for i in range(rows)]), got, atol=0, rtol=0)
+    ids = torch.tensor([19, 3, 36])
+    torch.testing.assert_close(lin.rows(ids)(x), got[:, ids], atol=0, rtol=0)
+
+
+@needs_ops
+def test_w6a8_refuses_what_it_cannot_run(ops):
+    from quickdraft.runtime.w6a8 import W6A8Linear
+
+    with pytest.raises(QuickdraftError, match="multiple of 256"):
+        W6A8Linear(torch.zeros(4, 100, dtype=torch.uint8), torch.zeros(4, 7, dtype=torch.int8), torch.ones(4, 1))
+    lin = W6A8Linear(*q6_k_blocks(random_q6_k(3, 1)))
+    with pytest.raises(RuntimeError, match="^linear_w6a8: x does not match"):
+        lin(torch.randn(2, 288))
+    with pytest.raises(RuntimeError, match="^linear_w6a8: packed"):
+        ops.linear_w6a8(torch.randn(2, 256), torch.zeros(1, 16, 448, dtype=torch.uint8)[:, ::2], 3)
+    with pytest.raises(RuntimeError, match="^pack_q6"):
+        ops.pack_q6(torch.zeros(3, 256, dtype=torch.uint8), torch.zeros(3, 15, dtype=torch.int8), torch.ones(3, 1))
+
+
+@needs_ops
+def test_a_q4_k_m_files_q6_k_linears_load_as_w6a8_under_w8a8_and_int8_otherwise(monkeypatch):
+    """`gguf_linears` with q8 = "w8a8" (what `--quantize w4a8` asks) keeps Q6_K as stored; "int8" re-rounds."""
+    from quickdraft.runtime import gguf_linears
+    from quickdraft.runtime.w6a8 import W6A8Linear
+    from quickdraft.weights.quant import Int8Linear
+
+    class Tensor:
+        def __init__(self, kind: str, data: np.ndarray) -> None:
+            self.tensor_type = type("T", (), {"name": kind})()
+            self.data, self.name = data, "blk.0.ffn_down.weight"
+
+    raw = random_q6_k(16, 1)
+    tensors = [("down", "ffn_down", Tensor("Q6_K", raw))]
+    monkeypatch.setattr(gguf_linears, "linear_tensors", lambda path, config: tensors)
+    monkeypatch.setattr(gguf_linears, "permuted_heads", lambda config: {})
+    fast, types = gguf_linears.gguf_linears(Path("x.gguf"), None, q8="w8a8", q4="w4a8")
+    assert types == {"Q6_K": 1} and isinstance(fast["down"], W6A8Linear)
+    assert torch.equal(fast["down"].dequantized(), q6_k_values(raw))
+    slow, _ = gguf_linears.gguf_linears(Path("x.gguf"), None, q8="int8", q4="int4")
+    assert isinstance(slow["down"], Int8Linear)
