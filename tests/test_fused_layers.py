@@ -101,3 +101,48 @@ def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
     want = _run(NativeCachedModel(target.model, linears=mixed))
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_ops
+def test_k_quants_run_in_the_call_as_stored(monkeypatch):
+    """A Q4_K_M file's layers as they load under w4a8: Q4_K q, k, o, gate|up (q4k) beside Q6_K v and
+    down (w6a8), random blocks on a width of 256; the call runs kinds 4 and 3, the same bits as Python's."""
+    from quickdraft.runtime.q4k import Q4KLinear
+    from quickdraft.runtime.w6a8 import W6A8Linear
+
+    target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=256)
+    gen = torch.Generator().manual_seed(0)
+
+    def ints(shape, high):
+        return torch.randint(0, high, shape, generator=gen, dtype=torch.uint8)
+
+    def scales(shape, size):
+        return torch.rand(shape, generator=gen) * size
+
+    linears = {}
+    for name, p in target.model.named_parameters():
+        if not name.endswith("proj.weight"):
+            continue
+        n, k = p.shape
+        if "v_proj" in name or "down_proj" in name:
+            sc = torch.randint(-60, 60, (n, k // 16), generator=gen, dtype=torch.int8)
+            linears[name] = W6A8Linear(ints((n, k), 64), sc, scales((n, k // 256), 2e-4))
+        else:
+            linears[name] = Q4KLinear(
+                ints((n, k), 16),
+                ints((n, k // 32), 64),
+                ints((n, k // 32), 64),
+                *(scales((n, k // 256), 1e-3) for _ in "ab"),
+            )
+    fast = NativeCachedModel(target.model, linears=linears)
+    kinds = [[form[0] for form in layer[1]] for layer in fast.net.kernel_layers.layers]
+    assert kinds == [[4, 4, 3, 4, 4, 3]] * 3  # q, k, v, o, gate|up, down
+    calls = []
+    real = LayerKernels.__call__
+    monkeypatch.setattr(LayerKernels, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    got = _run(fast)
+    assert calls
+    monkeypatch.setattr(LayerKernels, "runs", lambda self, *a: False)
+    want = _run(NativeCachedModel(target.model, linears=linears))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

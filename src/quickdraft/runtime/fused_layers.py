@@ -16,8 +16,10 @@ import torch
 from quickdraft.runtime import kernels
 from quickdraft.runtime.linear import Linear, PackedRows
 from quickdraft.runtime.llama_block import ATTEND_ROWS, Block
+from quickdraft.runtime.q4k import Q4KLinear
 from quickdraft.runtime.static_cache import KVCache
 from quickdraft.runtime.w4a8 import W4A8Linear
+from quickdraft.runtime.w6a8 import W6A8Linear
 from quickdraft.runtime.w8a8 import W8A8Linear
 
 _NONE = torch.empty(0)
@@ -33,6 +35,10 @@ def kernel_form(lin) -> tuple[int, torch.Tensor, torch.Tensor, int] | None:
         return 1, lin.packed, lin.packed_scales, lin.out_features
     if isinstance(lin, W4A8Linear):
         return 2, lin.packed, _NONE, lin.out_features
+    if isinstance(lin, W6A8Linear):
+        return 3, lin.packed, _NONE, lin.out_features
+    if isinstance(lin, Q4KLinear):
+        return 4, lin.packed, _NONE, lin.out_features
     return None
 
 

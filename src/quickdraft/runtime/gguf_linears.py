@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.runtime.q4k import Q4KLinear
 from quickdraft.runtime.w4a8 import W4A8Linear
 from quickdraft.runtime.w6a8 import W6A8Linear
 from quickdraft.runtime.w8a8 import W8A8Linear, w8a8_linear
@@ -17,6 +18,7 @@ from quickdraft.weights.gguf_weights import (
     int4_form,
     linear_tensors,
     permuted_heads,
+    q4_k_parts,
     q6_k_blocks,
     q8_values,
     tensor_blocks,
@@ -36,7 +38,8 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         q8: what Q8_0 tensors (the default target's tied LM head) become: "int8" (per channel,
             re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid; Q6_K
             then runs as stored, w6a8) or "bf16" (left to the model's own weight).
-        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8". Q5_0
+        q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8" (Q4_K as
+            stored: q4k). Q5_0
             follows `q8`, and Q6_K becomes int8 under "int8" and "bf16".
 
     Returns:
@@ -55,8 +58,10 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        # Q6_K under w8a8 runs as stored (w6a8); else its exact float values, a slice at a time
-        if kind == "Q6_K" and q8 == "w8a8":
+        # K-quants run as stored under w4a8 / w8a8 (q4k, w6a8); else Q6_K's exact float values, a slice at a time
+        if kind == "Q4_K" and q4 == "w4a8":
+            form = ("q4k", *q4_k_parts(raw))
+        elif kind == "Q6_K" and q8 == "w8a8":
             form = ("q6", *q6_k_blocks(raw))
         else:
             form = tensor_blocks(raw, kind, path.name, t.name)
@@ -74,6 +79,8 @@ def _kernel_form(form: tuple, q8: str, q4: str) -> object:
         return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
     if form[0] == "q6":
         return W6A8Linear(*form[1:])
+    if form[0] == "q4k":
+        return Q4KLinear(*form[1:])
     if form[0] == "q8" and q8 == "w8a8":
         return W8A8Linear(*form[1:])
     if form[0] == "float" and q8 == "w8a8":

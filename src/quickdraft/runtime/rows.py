@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from quickdraft.runtime.q4k import Q4KLinear
+from quickdraft.runtime.q4k import concat as concat_q4k
 from quickdraft.runtime.w4a8 import W4A8Linear
 from quickdraft.runtime.w4a8 import concat as concat_w4a8
 from quickdraft.runtime.w8a8 import W8A8Linear
@@ -63,7 +65,7 @@ def fused_slices(parts: list) -> list | None:
 
 
 def concat_rows(parts: list):
-    """One Int8Linear / W8A8Linear / W4A8Linear / Int4Linear over the parts' concatenated output rows,
+    """One Int8Linear / W8A8Linear / W4A8Linear / Q4KLinear / Int4Linear over the parts' concatenated output rows,
     or None when the parts are not all of one quantized kind (and, for int4, one group size). Parts that
     are consecutive RowSlices covering one linear give that linear, not a copy."""
     if all(isinstance(p, RowSlice) for p in parts) and len({id(p.whole) for p in parts}) == 1:
@@ -80,6 +82,8 @@ def concat_rows(parts: list):
             return kind(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
     if all(isinstance(p, W4A8Linear) for p in parts):
         return concat_w4a8(parts)
+    if all(isinstance(p, Q4KLinear) for p in parts) and len({p.shape[1] for p in parts}) == 1:
+        return concat_q4k(parts)
     if all(isinstance(p, Int4Linear) for p in parts) and len({p.group for p in parts}) == 1:
         cat = [torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "zero")]
         return Int4Linear(*cat, group=parts[0].group)

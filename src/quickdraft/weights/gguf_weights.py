@@ -9,9 +9,9 @@ trip (the formats and their math; `runtime/gguf_linears.py` packs them into the 
                                                         do not fit one scale per row), w8a8 blocks of
                                                         32 (the same grid), or left to the loaded
                                                         model's own float weight ("bf16")
-    Q4_K  256-weight super-blocks: d, dmin (fp16),  -> w4a8 blocks of 32: d sc_j and -dmin m_j (each
-          6-bit sc_j, m_j per 32: w = d sc_j q -          rounded once to fp16, the kernel's scale type:
-          dmin m_j                                        a relative 2^-11 at most), or int4 groups
+    Q4_K  256-weight super-blocks: d, dmin (fp16),  -> q4k: the codes, sc_j, m_j, d and dmin as stored
+          6-bit sc_j, m_j per 32: w = d sc_j q -          (exact), or int4 groups of 32: d sc_j and
+          dmin m_j                                        -dmin m_j
     Q5_0  d (fp16) + 32 5-bit codes: w = (q - 16) d -> int8 codes q - 16 with the block's scale d: w8a8
                                                        blocks of 32 exactly, or int8 per channel
     Q6_K  256-weight super-blocks, an int8 scale    -> w6a8: the codes, sc_j and d as stored (exact), or
@@ -86,24 +86,36 @@ def q4_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """Q4_K rows as 4-bit blocks of 32: w = q d' + m' with d' = d sc_j and m' = -dmin m_j.
 
     Args:
+        raw: (out, super-blocks * 144) uint8 (`q4_k_parts`).
+
+    Returns:
+        (codes (out, in) uint8 0..15, d' and m' (out, in / 32) float32: exact products of fp16 and 6-bit values).
+    """
+    codes, sc, mn, d, dmin = q4_k_parts(raw)
+    return codes, d.repeat_interleave(8, dim=1) * sc.float(), -dmin.repeat_interleave(8, dim=1) * mn.float()
+
+
+def q4_k_parts(raw: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Q4_K rows as stored: w = d sc_j q - dmin mn_j.
+
+    Args:
         raw: (out, super-blocks * 144) uint8: per 256 weights d, dmin (fp16), 12 bytes of eight 6-bit
             scales and mins, 128 bytes of codes (each 64 weights: 32 low nibbles, then 32 high ones).
 
     Returns:
-        (codes (out, in) uint8 0..15, d' and m' (out, in / 32) float32: exact products of fp16 and 6-bit values).
+        (codes (out, in) uint8 0..15, sc and mn (out, in / 32) uint8 0..63, d and dmin (out, in / 256) float32).
     """
     from gguf.quants import Q4_K
 
     out = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(-1, 144)
-    d = blocks[:, 0:2].view(np.float16).astype(np.float32)
-    dmin = blocks[:, 2:4].view(np.float16).astype(np.float32)
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32).reshape(out, -1)
+    dmin = blocks[:, 2:4].view(np.float16).astype(np.float32).reshape(out, -1)
     sc, mn = Q4_K.get_scale_min(blocks[:, 4:16])  # (n, 8) each
     qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     codes = torch.from_numpy((qs & 0x0F).reshape(out, -1))
-    scale = torch.from_numpy((d * sc.astype(np.float32)).reshape(out, -1))
-    low = torch.from_numpy((-dmin * mn.astype(np.float32)).reshape(out, -1))
-    return codes, scale, low
+    six = [torch.from_numpy(np.ascontiguousarray(t, dtype=np.uint8).reshape(out, -1)) for t in (sc, mn)]
+    return codes, *six, torch.from_numpy(d), torch.from_numpy(dmin)
 
 
 def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

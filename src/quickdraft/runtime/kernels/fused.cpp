@@ -6,6 +6,7 @@
 //   linear_int8.h  pack_int8, pack_blocks, linear_w8a8                    (runtime/w8a8.py)
 //   linear_q4.h    pack_q4, linear_w4a8                                   (runtime/w4a8.py)
 //   linear_q6.h    pack_q6, linear_w6a8                                   (runtime/w6a8.py)
+//   linear_q4k.h   pack_q4k, linear_q4k                                   (runtime/q4k.py)
 //   layers.h       llama_layers: the kernels above over a run of layers   (runtime/fused_layers.py)
 //
 // A one-row step of a small model is dominated by per-op overhead, not arithmetic: torch.profiler on
@@ -69,6 +70,7 @@ inline double fast_exp(double x) { return std::exp(x); }
 #include "linear_int8.h"
 #include "linear_q4.h"
 #include "linear_q6.h"
+#include "linear_q4k.h"
 #include "layers.h"
 
 }  // namespace
@@ -88,6 +90,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_w4a8", &linear_w4a8, "x W^T with 4-bit weights (q d + m) and per-row int8 activations (VNNI)");
   m.def("pack_q6", &pack_q6, "(N, K) 6-bit codes, (N, K/16) int8 scales, (N, K/256) d in linear_w6a8's layout (N/16, K/32, 448)");
   m.def("linear_w6a8", &linear_w6a8, "x W^T with Q6_K weights (d sc (q - 32)) and per-row int8 activations (VNNI)");
+  m.def("pack_q4k", &pack_q4k, "(N, K) 4-bit codes, (N, K/32) 6-bit sc and mn, (N, K/256) d and dmin in linear_q4k's layout");
+  m.def("linear_q4k", &linear_q4k, "x W^T with Q4_K weights (d sc q - dmin mn) and per-row int8 activations (VNNI)");
   m.def("llama_layers", &llama_layers, "plain Llama blocks over one sequence's rows, one call (the kernels above)");
   m.def("has_avx512_vnni", [] {
 #if defined(__AVX512VNNI__)

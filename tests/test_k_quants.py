@@ -1,6 +1,7 @@
-"""A GGUF's Q6_K blocks run as stored (`runtime/w6a8.py`, `kernels/linear_q6.h`): the decode against the
-`gguf` package's own dequantizer, the kernel against its weights times int8 rows at every instruction-set
-level this host runs, batch invariance, and a Q4_K_M file's loader choosing it."""
+"""A GGUF's K-quant blocks run as stored: Q6_K (`runtime/w6a8.py`, `kernels/linear_q6.h`) and Q4_K
+(`runtime/q4k.py`, `kernels/linear_q4k.h`). The decodes against the `gguf` package's own dequantizer,
+each kernel against its weights times int8 rows at every instruction-set level this host runs, batch
+invariance, and a Q4_K_M file's loader choosing them."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_pair import _q4_k_raw
 
 from quickdraft import QuickdraftError
 from quickdraft.runtime import kernels
-from quickdraft.weights.gguf_weights import q6_k_blocks, q6_k_values
+from quickdraft.weights.gguf_weights import q4_k_parts, q6_k_blocks, q6_k_values
 
 from conftest import int8_rows
 
@@ -89,23 +91,84 @@ def test_w6a8_refuses_what_it_cannot_run(ops):
 
 
 @needs_ops
-def test_a_q4_k_m_files_q6_k_linears_load_as_w6a8_under_w8a8_and_int8_otherwise(monkeypatch):
-    """`gguf_linears` with q8 = "w8a8" (what `--quantize w4a8` asks) keeps Q6_K as stored; "int8" re-rounds."""
+def test_a_q4_k_m_files_k_quants_load_as_stored_under_w4a8_and_re_rounded_otherwise(monkeypatch):
+    """`gguf_linears` with q8 = "w8a8" and q4 = "w4a8" (what `--quantize w4a8` asks) keeps Q6_K and Q4_K
+    as stored; "int8" and "int4" re-round them."""
     from quickdraft.runtime import gguf_linears
+    from quickdraft.runtime.q4k import Q4KLinear
     from quickdraft.runtime.w6a8 import W6A8Linear
-    from quickdraft.weights.quant import Int8Linear
+    from quickdraft.weights.quant import Int4Linear, Int8Linear
 
     class Tensor:
         def __init__(self, kind: str, data: np.ndarray) -> None:
             self.tensor_type = type("T", (), {"name": kind})()
             self.data, self.name = data, "blk.0.ffn_down.weight"
 
-    raw = random_q6_k(16, 1)
-    tensors = [("down", "ffn_down", Tensor("Q6_K", raw))]
+    raw, raw4 = random_q6_k(16, 1), _q4_k_raw(16, 256)
+    tensors = [("down", "ffn_down", Tensor("Q6_K", raw)), ("up", "ffn_up", Tensor("Q4_K", raw4))]
     monkeypatch.setattr(gguf_linears, "linear_tensors", lambda path, config: tensors)
     monkeypatch.setattr(gguf_linears, "permuted_heads", lambda config: {})
     fast, types = gguf_linears.gguf_linears(Path("x.gguf"), None, q8="w8a8", q4="w4a8")
-    assert types == {"Q6_K": 1} and isinstance(fast["down"], W6A8Linear)
+    assert types == {"Q6_K": 1, "Q4_K": 1} and isinstance(fast["down"], W6A8Linear)
     assert torch.equal(fast["down"].dequantized(), q6_k_values(raw))
+    assert isinstance(fast["up"], Q4KLinear) and torch.equal(fast["up"].dequantized(), q4_k_values(raw4))
     slow, _ = gguf_linears.gguf_linears(Path("x.gguf"), None, q8="int8", q4="int4")
-    assert isinstance(slow["down"], Int8Linear)
+    assert isinstance(slow["down"], Int8Linear) and isinstance(slow["up"], Int4Linear)
+
+
+def q4_k_values(raw: np.ndarray) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q4_K), dtype=np.float32))
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q4k_linear_is_its_q4_k_weights_times_int8_rows(rows, dtype, ops):
+    from quickdraft.runtime.q4k import Q4KLinear
+
+    raw = _q4_k_raw(37, 512, seed=rows)  # 37 outputs: a padded last group of 16
+    parts = q4_k_parts(raw)
+    assert [p.shape for p in parts] == [(37, 512), (37, 16), (37, 16), (37, 2), (37, 2)]
+    lin = Q4KLinear(*parts)
+    exact = q4_k_values(raw)
+    assert torch.equal(lin.dequantized(), exact)  # as stored: w4a8 rounded d sc and dmin mn to fp16
+    assert all(torch.equal(a, b) for a, b in zip(lin.parts(), parts, strict=True))
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    want = F.linear(int8_rows(x), exact)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    got = lin(x)
+    assert got.dtype == dtype and got.shape == (rows, 37)
+    torch.testing.assert_close(got.float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+    if dtype == torch.float32:  # negative control: the fp16-rounded scales of w4a8 miss this tolerance
+        from quickdraft.runtime.w4a8 import W4A8Linear
+        from quickdraft.weights.gguf_weights import q4_k_blocks
+
+        rounded = W4A8Linear(*q4_k_blocks(raw))(x)
+        assert not torch.allclose(rounded, want, atol=tol * want.abs().max().item(), rtol=tol)
+    torch.testing.assert_close(torch.cat([lin(x[i : i + 1]) for i in range(rows)]), got, atol=0, rtol=0)
+    ids = torch.tensor([19, 3, 36])
+    torch.testing.assert_close(lin.rows(ids)(x), got[:, ids], atol=0, rtol=0)
+
+
+@needs_ops
+def test_q4k_parts_concatenate_and_bad_input_is_refused(ops):
+    from quickdraft.runtime.q4k import Q4KLinear
+    from quickdraft.runtime.rows import concat_rows
+
+    a, b = Q4KLinear(*q4_k_parts(_q4_k_raw(16, 256, 1))), Q4KLinear(*q4_k_parts(_q4_k_raw(5, 256, 2)))
+    both = concat_rows([a, b])
+    assert isinstance(both, Q4KLinear) and torch.equal(
+        both.dequantized(), torch.cat([a.dequantized(), b.dequantized()])
+    )
+    with pytest.raises(QuickdraftError, match="multiple of 256"):
+        Q4KLinear(*(torch.zeros(4, n, dtype=torch.uint8) for n in (100, 3, 3)), torch.ones(4, 1), torch.ones(4, 1))
+    with pytest.raises(RuntimeError, match="^linear_q4k: x does not match"):
+        a(torch.randn(2, 288))
+    with pytest.raises(RuntimeError, match="^pack_q4k"):
+        z = torch.zeros(3, 8, dtype=torch.uint8)
+        ops.pack_q4k(
+            torch.zeros(3, 256, dtype=torch.uint8), z, z[:, :7].contiguous(), torch.ones(3, 1), torch.ones(3, 1)
+        )

@@ -1,0 +1,210 @@
+// pack_q4k / linear_q4k: a GGUF's Q4_K weights as stored (4-bit codes, 6-bit scales and mins per 32
+// inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/q4k.py.
+// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
+// linear_q4.h, whose code quads and tile it shares): not compiled alone.
+#pragma once
+
+// ---- Q4_K weights x int8 activations in blocks of 32 on VNNI -----------------------------------------------
+// Weights: w = d sc_b q - dmin mn_b, q a code 0..15, sc_b and mn_b 6-bit integers per output and block
+// of 32 inputs, d and dmin fp16 per output and super-block of 256. pack_q4k lays them out per 16
+// outputs as K/256 super-blocks of 2,368 bytes: the 16 outputs' d, then their dmin (fp16), the eight
+// blocks' sc, then their mn (a byte an output), then the blocks' codes as pack_q4's four 64-byte quads
+// (each block's on a 64-byte boundary): 4.625 bits
+// a weight against w4a8's 5, and d sc_b and dmin mn_b exact in float32 (11 x 6 bits), where w4a8 rounds
+// each to fp16. Then, as linear_w4a8 in the same float order:
+// y[r, n] = sum_b (dot * (d sc_b * s_x[r, b]) - dmin mn_b * s_x[r, b] sum_k x_q).
+constexpr int64_t kQ4KSc = 4 * kBlock, kQ4KMn = kQ4KSc + 8 * kBlock, kQ4KCodes = kQ4KMn + 8 * kBlock;  // offsets
+constexpr int64_t kQ4KSuper = kQ4KCodes + 8 * 256;  // d, dmin, sc, mn, then eight blocks' codes
+constexpr int64_t kQ4KAhead = 2 * kQ4KSuper;         // bytes fetched ahead of the block being multiplied
+
+// codes (N, K) uint8 0..15, sc and mn (N, K/32) uint8 0..63, d and dmin (N, K/256) float, K a multiple of 256
+// -> (ceil(N/16), K/256, 2368) uint8 (zero-padded outputs)
+Tensor pack_q4k(const Tensor& codes, const Tensor& sc, const Tensor& mn, const Tensor& d, const Tensor& dmin) {
+  check_input(codes, "pack_q4k: codes", at::kByte, 2);
+  check_input(sc, "pack_q4k: sc", at::kByte, 2);
+  check_input(mn, "pack_q4k: mn", at::kByte, 2);
+  check_input(d, "pack_q4k: d", at::kFloat, 2);
+  check_input(dmin, "pack_q4k: dmin", at::kFloat, 2);
+  const int64_t N = codes.size(0), K = codes.size(1), KS = K / 256, NBk = (N + kBlock - 1) / kBlock;
+  TORCH_CHECK(K % 256 == 0 && sc.sizes() == mn.sizes() && sc.size(0) == N && sc.size(1) == K / kQBlock &&
+                  d.sizes() == dmin.sizes() && d.size(0) == N && d.size(1) == KS,
+              "pack_q4k: (N, K) codes with K a multiple of 256, (N, K/32) sc and mn, (N, K/256) d and dmin");
+  Tensor out = at::zeros({NBk, KS, kQ4KSuper}, codes.options());
+  const uint8_t *C = codes.data_ptr<uint8_t>(), *S = sc.data_ptr<uint8_t>(), *Mn = mn.data_ptr<uint8_t>();
+  const float *D = d.data_ptr<float>(), *Dm = dmin.data_ptr<float>();
+  uint8_t* O = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t nb = n / kBlock, o = n % kBlock;
+    for (int64_t s = 0; s < KS; ++s) {
+      uint8_t* sup = O + (nb * KS + s) * kQ4KSuper;
+      const uint16_t dh = half_bits(D[n * KS + s]), mh = half_bits(Dm[n * KS + s]);
+      std::memcpy(sup + 2 * o, &dh, 2);
+      std::memcpy(sup + 2 * kBlock + 2 * o, &mh, 2);
+      for (int64_t c = 0; c < 8; ++c) {
+        const int64_t b = 8 * s + c;
+        uint8_t* blk = sup + kQ4KCodes + 256 * c;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const int64_t k0 = 32 * b + 4 * j + i;
+            blk[64 * j + 4 * o + i] = static_cast<uint8_t>((C[n * K + k0] & 0x0F) | ((C[n * K + k0 + 16] & 0x0F) << 4));
+          }
+        sup[kQ4KSc + kBlock * c + o] = S[n * (K / kQBlock) + b] & 0x3F;
+        sup[kQ4KMn + kBlock * c + o] = Mn[n * (K / kQBlock) + b] & 0x3F;
+      }
+    }
+  }
+  return out;
+}
+
+template <int MB, typename out_t>
+inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, const float* sx, const float* sxq,
+                     int64_t sxs, out_t* y, int64_t ys) {
+#if defined(__AVX512VNNI__)
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 facc[MB];
+  for (int m = 0; m < MB; ++m) facc[m] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < KS; ++s) {
+    const uint8_t* sup = w + s * kQ4KSuper;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 2 * kBlock)));
+    for (int64_t c = 0; c < 8; ++c) {
+      const int64_t b = 8 * s + c;
+      const uint8_t* wb = sup + kQ4KCodes + 256 * c;
+      if constexpr (MB > 1)  // this block's share of the super-block two ahead (its header with block 0)
+        for (int l = 0; l < (c ? 256 : 256 + kQ4KCodes); l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>((c ? wb : sup) + kQ4KAhead + l), _MM_HINT_T0);
+      __m512i lo_acc[MB], hi_acc[MB];
+      for (int m = 0; m < MB; ++m) lo_acc[m] = hi_acc[m] = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(wb + 64 * j);
+        const __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        for (int m = 0; m < MB; ++m) {
+          int32_t q0, q1;
+          std::memcpy(&q0, x + m * xs + 32 * b + 4 * j, 4);
+          std::memcpy(&q1, x + m * xs + 32 * b + 16 + 4 * j, 4);
+          lo_acc[m] = _mm512_dpbusd_epi32(lo_acc[m], lo, _mm512_set1_epi32(q0));
+          if constexpr (MB == 1) {  // one row: two chains hide vpdpbusd's latency
+            hi_acc[m] = _mm512_dpbusd_epi32(hi_acc[m], hi, _mm512_set1_epi32(q1));
+          } else {
+            lo_acc[m] = _mm512_dpbusd_epi32(lo_acc[m], hi, _mm512_set1_epi32(q1));
+          }
+        }
+      }
+      const __m512 dv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + kQ4KSc + kBlock * c)))));
+      const __m512 mv = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + kQ4KMn + kBlock * c)))));
+      for (int m = 0; m < MB; ++m) {
+        const __m512 dot = _mm512_cvtepi32_ps(MB == 1 ? _mm512_add_epi32(lo_acc[m], hi_acc[m]) : lo_acc[m]);
+        facc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, _mm512_set1_ps(sx[m * sxs + b])), facc[m]);
+        facc[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(sxq[m * sxs + b]), facc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    if constexpr (std::is_same_v<out_t, float>) {
+      _mm512_storeu_ps(y + m * ys, facc[m]);
+    } else {
+#if defined(__AVX512BF16__)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys), (__m256i)_mm512_cvtneps_pbh(facc[m]));
+#else
+      alignas(64) float tmp[kBlock];
+      _mm512_store_ps(tmp, facc[m]);
+      for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + i) = float_to_bf16(tmp[i]);
+#endif
+    }
+  }
+#else
+  float facc[MB][kBlock] = {};
+  for (int64_t s = 0; s < KS; ++s) {
+    const uint8_t* sup = w + s * kQ4KSuper;
+    float d[kBlock], dmin[kBlock];
+    for (int o = 0; o < kBlock; ++o) {
+      uint16_t dh, mh;
+      std::memcpy(&dh, sup + 2 * o, 2);
+      std::memcpy(&mh, sup + 2 * kBlock + 2 * o, 2);
+      d[o] = static_cast<float>(c10::Half(dh, c10::Half::from_bits()));
+      dmin[o] = static_cast<float>(c10::Half(mh, c10::Half::from_bits()));
+    }
+    for (int64_t c = 0; c < 8; ++c) {
+      const int64_t b = 8 * s + c;
+      const uint8_t* wb = sup + kQ4KCodes + 256 * c;
+      float dv[kBlock], mv[kBlock];
+      for (int o = 0; o < kBlock; ++o) {
+        dv[o] = d[o] * static_cast<float>(sup[kQ4KSc + kBlock * c + o]);
+        mv[o] = dmin[o] * static_cast<float>(sup[kQ4KMn + kBlock * c + o]);
+      }
+      // the products stay products: -fassociative-math must not regroup d (sc s_x) per tile shape
+      asm volatile("" : : "r"(dv), "r"(mv) : "memory");
+      for (int m = 0; m < MB; ++m) {
+        int32_t acc[kBlock] = {};
+        for (int j = 0; j < 4; ++j)
+          for (int o = 0; o < kBlock; ++o)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t v = wb[64 * j + 4 * o + i];
+              acc[o] += static_cast<int32_t>(v & 0x0F) * x[m * xs + 32 * b + 4 * j + i] +
+                        static_cast<int32_t>(v >> 4) * x[m * xs + 32 * b + 16 + 4 * j + i];
+            }
+        for (int o = 0; o < kBlock; ++o) {  // the vector path's order: the same bits whatever the tile's rows
+          facc[m][o] = std::fma(static_cast<float>(acc[o]), dv[o] * sx[m * sxs + b], facc[m][o]);
+          facc[m][o] = std::fma(-mv[o], sxq[m * sxs + b], facc[m][o]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int o = 0; o < kBlock; ++o) {
+      if constexpr (std::is_same_v<out_t, float>) {
+        y[m * ys + o] = facc[m][o];
+      } else {
+        *reinterpret_cast<uint16_t*>(y + m * ys + o) = float_to_bf16(facc[m][o]);
+      }
+    }
+#endif
+}
+
+template <typename out_t>
+void q4k_run(const int8_t* X, int64_t M, int64_t xs, int64_t KS, const uint8_t* W, const float* SX,
+             const float* SXQ, out_t* Y, int64_t NBk) {
+  const int64_t ys = NBk * kBlock, KB = 8 * KS;
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb) {
+      const uint8_t* w = W + nb * KS * kQ4KSuper;
+      for (int64_t m = 0; m < M; m += kQ4Rows) {
+        const int64_t r = std::min<int64_t>(kQ4Rows, M - m);
+        const int8_t* xr = X + m * xs;
+        const float *s = SX + m * KB, *sq = SXQ + m * KB;
+        out_t* yr = Y + nb * kBlock + m * ys;
+        switch (r) {
+          case 8: q4k_tile<8>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 7: q4k_tile<7>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 6: q4k_tile<6>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 5: q4k_tile<5>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 4: q4k_tile<4>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 3: q4k_tile<3>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          case 2: q4k_tile<2>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+          default: q4k_tile<1>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
+        }
+      }
+    }
+  });
+}
+
+// x (M, K) float/bf16; packed = pack_q4k of (N, K) codes -> (M, N) in x's dtype
+Tensor linear_q4k(const Tensor& x, const Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_q4k: (M, K) CPU rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "linear_q4k: float or bf16 rows");
+  check_input(packed, "linear_q4k: packed", at::kByte, 3);
+  const int64_t M = x.size(0), K = x.size(1), NBk = packed.size(0), KS = packed.size(1), KB = 8 * KS, Kp = 256 * KS;
+  TORCH_CHECK(K == Kp && packed.size(2) == kQ4KSuper && N >= 0 && N <= NBk * kBlock,
+              "linear_q4k: x does not match the packed weight");
+  const QuantizedRows& q = quantized_rows(x, Kp, KB);
+  thread_local std::vector<float> sxq;
+  sxq.resize(M * KB);
+  for (int64_t i = 0; i < M * KB; ++i) sxq[i] = q.sx[i] * static_cast<float>(q.xc[i] / 128);  // scale x block sum
+  Tensor y = at::empty({M, NBk * kBlock}, x.options());
+  const uint8_t* W = packed.data_ptr<uint8_t>();
+  if (x.scalar_type() == at::kFloat)
+    q4k_run<float>(q.xq.data(), M, Kp, KS, W, q.sx.data(), sxq.data(), y.data_ptr<float>(), NBk);
+  else
+    q4k_run<at::BFloat16>(q.xq.data(), M, Kp, KS, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
+  return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
+}
