@@ -3,7 +3,7 @@ of a k-row forward (1-33 rows, as multiples of one row), and torch.profiler's to
 step. The floor work (issue "The target's step at the hardware's floor") compares these before and
 after each change.
 
-    python scripts/step_profile.py [--quantize none|int8|gguf] [--threads 2] [--context 200] [--top 20]
+    python scripts/step_profile.py [--target NAME] [--quantize none|int8|gguf|w4a8] [--threads 2] [--context 200]
     QUICKDRAFT_FAST_BLOCK=0 python scripts/step_profile.py    # the block without the fused kernels
 """
 
@@ -27,6 +27,7 @@ ROWS = (1, 2, 3, 5, 9, 17, 33)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="a registry name or folder (default: the embedded default)")
     ap.add_argument("--quantize", default="none")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=200)
@@ -34,7 +35,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(None, "bfloat16")
+    loaded = load_model(args.target, "bfloat16")
     target = load_target(loaded, "auto", parse_quantize(args.quantize)).target
     prompt = [(i * 37) % 1000 + 10 for i in range(args.context)]
 
@@ -54,7 +55,10 @@ def main() -> None:
     paths = (
         "fused kernels off" if ops is None else f"vdpbf16ps {ops.has_avx512_bf16()}, vpdpbusd {ops.has_avx512_vnni()}"
     )
-    print(f"{host['cpu']} {host['cpu_flags']} threads={args.threads} quantize={args.quantize} context={args.context}")
+    print(
+        f"{host['cpu']} {host['cpu_flags']} threads={args.threads} target={args.target or 'default'} "
+        f"quantize={args.quantize} context={args.context}"
+    )
     print(f"packed linear: {packing()}; fused kernels: {paths}")
     print(f"one-row step: {one:.2f} ms")
     print("rows: " + "  ".join(f"{k}: {v / one:.2f}" for k, v in curve.items()))
