@@ -77,3 +77,22 @@ def test_pearls_window_stops_where_the_draft_is_unsure(tiny_model_dir, tmp_path)
         assert (run.method.build(run.parts, SamplingConfig()).keep_drafting is None) == (schedule == "fixed")
         steps[schedule] = run.drafter.draft_steps
     assert steps["confidence"] < steps["fixed"]  # unsure drafts stopped the windows early
+
+
+def test_the_batched_decoder_drafts_the_same_pmin_chains(tiny_model_dir):
+    """The server's continuous batching takes the default too: chains of up to 8 that end where the
+    draft is unsure, with output equal to plain decoding; a draft option given keeps its fixed chains."""
+    from quickdraft.config import SamplingConfig, StopConfig
+
+    engine = _engine(tiny_model_dir)
+    plan, _ = engine.batch_plan()
+    request = plan.request(1, 100)
+    assert not plan.trees and request.budget == 8 and request.keep_drafting is not None
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    stop = StopConfig(max_new_tokens=16)
+    got = engine.generate_batch(prompts, SamplingConfig(), stop, max_batch=2)
+    plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32")
+    assert [g.token_ids for g in got] == [plain.generate_ids(p, SamplingConfig(), stop).token_ids for p in prompts]
+    assert sum(g.stats.num_draft_tokens for g in got) > 0
+    given = _engine(tiny_model_dir, draft_length="4").batch_plan()[0].request(1, 100)
+    assert given.budget == 4 and given.keep_drafting is None  # the negative control: fixed chains of 4

@@ -14,12 +14,13 @@ import torch
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.costs.batch_costs import BATCHES, batch_cost_surface, fit_max_batch
 from quickdraft.decoding import Generators
+from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
-from quickdraft.decoding.registry import METHODS, pearl_gamma
+from quickdraft.decoding.registry import METHODS, auto_chain, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
@@ -196,10 +197,12 @@ class Engine:
         """(the draft budget by batch size, the default batch size), read off this host's measured
         batched cost surface (costs/batch_costs.py; measured once per engine, persisted for the
         embedded default). Each decoder gets its own plan (it calibrates to what its rows accept)."""
-        draft, drafter = self.config.draft, self.drafter
+        drafter = self.drafter
+        draft, pmin = auto_chain(self.parts)  # a draft model's p-min chain where no draft option is given
         auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
         gain = drafter.tree_gain if auto else None
         fixed = 0 if drafter is None or auto else (draft.tree or draft.num_draft_tokens)
+        keep = make_draft_policy(draft).keep_drafting if pmin else None
         if "batch_surface" not in self.parts.memo:
             name = self.target_info.name or ""
             probe = lambda: BatchedTarget(self.target, max(BATCHES))  # noqa: E731
@@ -207,7 +210,7 @@ class Engine:
             self.parts.memo["batch_surface"] = surface
         surface = self.parts.memo["batch_surface"]
         trees = drafter is not None and drafter.drafts_trees and (auto or bool(draft.tree))
-        plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width)
+        plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width, keep_drafting=keep)
         return plan, fit_max_batch(surface, plan.budgets, gain)  # on the table's own gains (not yet calibrated)
 
     def batch_decoder(

@@ -4,7 +4,7 @@ calibrated by what the rows accept (`BatchPlan`)."""
 from __future__ import annotations
 
 from quickdraft.costs.batch_costs import covering_size, plan_budgets
-from quickdraft.drafters.base import DraftRequest
+from quickdraft.drafters.base import DraftRequest, KeepDrafting
 from quickdraft.drafters.tree import TreeShape
 
 
@@ -26,6 +26,8 @@ class BatchPlan:
         fixed: the budget when there is no gain table.
         trees: drafts are trees of the budget (else chains of that length).
         tree_width: a tree's width.
+        keep_drafting: a chain's early stop, asked after each draft token (a draft model's p-min: its
+            chains of `fixed` end after a token it is unsure of, as a lone request's do), or None.
     """
 
     def __init__(
@@ -37,9 +39,11 @@ class BatchPlan:
         tree_width: int = 8,
         prior: float = 32.0,
         replan: int = 8,
+        keep_drafting: KeepDrafting | None = None,
     ) -> None:
         self.surface, self.gain, self.fixed = surface, dict(gain) if gain else None, fixed
         self.trees, self.tree_width, self.replan = trees, tree_width, replan
+        self.keep_drafting = keep_drafting
         self.promised, self.accepted = prior, prior  # extra tokens: the table's, the rows'
         self._since = 0
         self.budgets = self._plan()
@@ -65,7 +69,9 @@ class BatchPlan:
         budget = min(self.budget(rows), room)
         if budget < 1:
             return None
-        return DraftRequest.tree(TreeShape(budget, self.tree_width)) if self.trees else DraftRequest.chain(budget)
+        if self.trees:
+            return DraftRequest.tree(TreeShape(budget, self.tree_width))
+        return DraftRequest.chain(budget, self.keep_drafting)
 
     def observe(self, drafted: list[tuple[int, int]]) -> None:
         """One round's (budget asked, draft tokens accepted) of each row that drafted."""

@@ -39,8 +39,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
             re-rounded from their exact float32 values), "w8a8" (blocks of 32: the same grid; Q6_K
             then runs as stored, w6a8) or "bf16" (left to the model's own weight).
         q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8" (Q4_K as
-            stored: q4k). Q5_0
-            follows `q8`, and Q6_K becomes int8 under "int8" and "bf16".
+            stored: q4k). Q5_0 follows `q8`, and Q6_K becomes int8 under "int8" and "bf16".
 
     Returns:
         ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the

@@ -65,8 +65,8 @@ def fused_slices(parts: list) -> list | None:
 
 
 def concat_rows(parts: list):
-    """One Int8Linear / W8A8Linear / W4A8Linear / Q4KLinear / Int4Linear over the parts' concatenated output rows,
-    or None when the parts are not all of one quantized kind (and, for int4, one group size). Parts that
+    """One Int8Linear / W8A8Linear / W4A8Linear / Q4KLinear / Int4Linear over the parts' concatenated output
+    rows, or None when the parts are not all of one quantized kind (and, for int4, one group size). Parts that
     are consecutive RowSlices covering one linear give that linear, not a copy."""
     if all(isinstance(p, RowSlice) for p in parts) and len({id(p.whole) for p in parts}) == 1:
         whole = parts[0].whole
