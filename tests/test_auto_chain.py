@@ -30,7 +30,7 @@ def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
     assert out.token_ids == plain.token_ids
     assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
     policy = _policy(engine)
-    assert isinstance(policy, ConfidenceStop) and (policy.gamma, policy.threshold) == (8, 0.5)
+    assert isinstance(policy, ConfidenceStop) and (policy.gamma, policy.threshold) == (8, 0.7)
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ OPTIONS: dict[str, Option] = {
             ("draft", "num_draft_tokens"),
             int,
             "draft tokens per round, gamma (default 4; a draft model's chains: up to 8, stopped after a token "
-            "it gives p < 0.5, unless a draft option is given)",
+            "it gives p < 0.7, unless a draft option is given)",
         ),
         Option(
             "draft_schedule",
