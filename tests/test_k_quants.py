@@ -15,7 +15,7 @@ from test_pair import _q4_k_raw
 
 from quickdraft import QuickdraftError
 from quickdraft.runtime import kernels
-from quickdraft.weights.gguf_weights import q4_k_parts, q6_k_blocks, q6_k_values
+from quickdraft.weights.gguf_weights import q4_k_parts, q6_k_blocks, q6_k_values, q6_k_weights
 
 from conftest import int8_rows
 
@@ -31,22 +31,16 @@ def random_q6_k(rows: int, supers: int, seed: int = 4) -> np.ndarray:
     return raw.reshape(rows, supers * 210)
 
 
-def weights(codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """(out, in) float32 of w = (d sc) (q - 32)."""
-    scale = d.repeat_interleave(16, dim=1) * sc.float()
-    return scale.repeat_interleave(16, dim=1) * (codes.float() - 32)
-
-
 def test_q6_k_blocks_decode_exactly_what_gguf_dequantizes():
     raw = random_q6_k(5, 3)
     codes, sc, d = q6_k_blocks(raw)
     assert codes.shape == (5, 768) and sc.shape == (5, 48) and d.shape == (5, 3)
     assert int(codes.max()) <= 63 and codes.dtype == torch.uint8 and sc.dtype == torch.int8
-    assert torch.equal(weights(codes, sc, d), q6_k_values(raw))
+    assert torch.equal(q6_k_weights(codes, sc, d), q6_k_values(raw))
     # negative control: the high bit pairs matter (one code off by 16 in each row changes the values)
     off = codes.clone()
     off[:, 40] ^= 16
-    assert not torch.equal(weights(off, sc, d), q6_k_values(raw))
+    assert not torch.equal(q6_k_weights(off, sc, d), q6_k_values(raw))
 
 
 @needs_ops

@@ -18,8 +18,8 @@ from quickdraft.weights.gguf_weights import (
     int4_form,
     linear_tensors,
     permuted_heads,
-    q4_k_parts,
-    q6_k_blocks,
+    q4_k_as_blocks,
+    q6_k_weights,
     q8_values,
     tensor_blocks,
 )
@@ -57,13 +57,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
         raw = np.asarray(t.data)
         if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        # K-quants run as stored under w4a8 / w8a8 (q4k, w6a8); else Q6_K's exact float values, a slice at a time
-        if kind == "Q4_K" and q4 == "w4a8":
-            form = ("q4k", *q4_k_parts(raw))
-        elif kind == "Q6_K" and q8 == "w8a8":
-            form = ("q6", *q6_k_blocks(raw))
-        else:
-            form = tensor_blocks(raw, kind, path.name, t.name)
+        form = tensor_blocks(raw, kind, path.name, t.name)
         if role in heads:
             order = unpermute_rows(raw.shape[0], heads[role])
             form = (form[0], *(x[order] for x in form[1:]))
@@ -72,17 +66,17 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
 
 
 def _kernel_form(form: tuple, q8: str, q4: str) -> object:
-    """The kernel-form linear of `tensor_blocks`'s output: 4-bit blocks as int4 or w4a8, 8-bit ones as int8
-    (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes)."""
-    if form[0] == "q4":
-        return int4_form(*form[1:]) if q4 == "int4" else W4A8Linear(*form[1:])
-    if form[0] == "q6":
-        return W6A8Linear(*form[1:])
-    if form[0] == "q4k":
-        return Q4KLinear(*form[1:])
-    if form[0] == "q8" and q8 == "w8a8":
-        return W8A8Linear(*form[1:])
-    if form[0] == "float" and q8 == "w8a8":
-        return w8a8_linear(form[1])  # a slice of rows at a time
-    w = form[1].float() if form[0] == "float" else q8_values(*form[1:])
+    """The kernel-form linear of `tensor_blocks`'s output: 4-bit blocks as int4 or w4a8 (Q4_K as stored: q4k),
+    8-bit ones as int8 (per channel, re-rounded) or w8a8 (blocks of 32: exact for Q8_0 / Q5_0's codes), Q6_K as
+    stored (w6a8) under w8a8, else from its exact float values like an 8-bit form."""
+    kind, parts = form[0], form[1:]
+    if kind == "q4k":
+        return Q4KLinear(*parts) if q4 == "w4a8" else int4_form(*q4_k_as_blocks(*parts))
+    if kind == "q4":
+        return int4_form(*parts) if q4 == "int4" else W4A8Linear(*parts)
+    if kind == "q6" and q8 == "w8a8":
+        return W6A8Linear(*parts)
+    if kind == "q8" and q8 == "w8a8":
+        return W8A8Linear(*parts)
+    w = q6_k_weights(*parts) if kind == "q6" else q8_values(*parts)
     return int8_linear(w) if q8 == "int8" else w8a8_linear(w)

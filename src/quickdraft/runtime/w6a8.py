@@ -14,9 +14,9 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
+from quickdraft.weights.gguf_weights import q6_k_weights
 
 SUPER = 256  # inputs per d
-SUB = 16  # inputs per sc
 
 
 class W6A8Linear:
@@ -69,9 +69,7 @@ class W6A8Linear:
 
     def dequantized(self) -> torch.Tensor:
         """(out, in) float32: the weight the kernel computes with, (d sc) (q - 32)."""
-        codes, sc, d = self.parts()
-        scale = d.repeat_interleave(SUPER // SUB, dim=1) * sc.float()
-        return scale.repeat_interleave(SUB, dim=1) * (codes.float() - 32)
+        return q6_k_weights(*self.parts())
 
     @property
     def out_features(self) -> int:

@@ -83,15 +83,16 @@ def q8_values(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def q4_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K rows as 4-bit blocks of 32: w = q d' + m' with d' = d sc_j and m' = -dmin m_j.
+    """Q4_K rows as 4-bit blocks of 32 (`q4_k_as_blocks` of `q4_k_parts`)."""
+    return q4_k_as_blocks(*q4_k_parts(raw))
 
-    Args:
-        raw: (out, super-blocks * 144) uint8 (`q4_k_parts`).
+
+def q4_k_as_blocks(codes, sc, mn, d, dmin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`q4_k_parts` as 4-bit blocks of 32: w = q d' + m' with d' = d sc_j and m' = -dmin m_j.
 
     Returns:
         (codes (out, in) uint8 0..15, d' and m' (out, in / 32) float32: exact products of fp16 and 6-bit values).
     """
-    codes, sc, mn, d, dmin = q4_k_parts(raw)
     return codes, d.repeat_interleave(8, dim=1) * sc.float(), -dmin.repeat_interleave(8, dim=1) * mn.float()
 
 
@@ -165,19 +166,10 @@ def q6_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return torch.from_numpy(codes), torch.from_numpy(sc.copy()), _fp16(blocks[..., 208:210])
 
 
-class Q6KRows:
-    """A Q6_K tensor's rows, dequantized on demand a slice at a time (`w8a8_linear` takes slices):
-    the whole (out, in) float32 copy of a 151,936-row head is never held."""
-
-    def __init__(self, raw: np.ndarray) -> None:
-        self.raw = raw
-        self.shape = (raw.shape[0], raw.shape[1] // 210 * 256)
-
-    def __getitem__(self, rows: slice) -> torch.Tensor:
-        return q6_k_values(self.raw[rows])
-
-    def float(self) -> torch.Tensor:
-        return q6_k_values(self.raw)
+def q6_k_weights(codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """(out, in) float32 of `q6_k_blocks`'s parts: w = (d sc) (q - 32), the GGUF's dequantized values."""
+    scale = d.repeat_interleave(16, dim=1) * sc.float()
+    return scale.repeat_interleave(16, dim=1) * (codes.float() - 32)
 
 
 def linear_tensors(path: Path, config):
@@ -219,15 +211,16 @@ def gguf_float_reader(path: Path, config):
 
 
 def tensor_blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
-    """(form, *tensors) of a quantized GGUF tensor: ("q4", codes, d, m), ("q8", q, d) or ("float", w)."""
+    """(form, *tensors) of a quantized GGUF tensor: ("q4", codes, d, m), ("q4k", `q4_k_parts`), ("q8", q, d)
+    or ("q6", `q6_k_blocks`)."""
     if kind in ("Q4_0", "Q4_1"):
         return ("q4", *q4_blocks(raw, kind))
     if kind == "Q4_K":
-        return ("q4", *q4_k_blocks(raw))
+        return ("q4k", *q4_k_parts(raw))
     if kind in ("Q8_0", "Q5_0"):
         return ("q8", *q8_codes(raw, kind))
     if kind == "Q6_K":
-        return ("float", Q6KRows(raw))
+        return ("q6", *q6_k_blocks(raw))
     raise QuickdraftError(
         f"{file}: tensor {tensor} has GGUF type {kind}, which has no kernel form here "
         f"(supported: {', '.join(GGUF_DIRECT)}); use --quantize int4 or int8 instead"
