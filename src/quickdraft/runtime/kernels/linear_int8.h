@@ -15,6 +15,47 @@
 constexpr int kQBlock = 32;  // inputs per scale block
 constexpr int64_t kW8Ahead = 12 * kQBlock * kBlock;  // bytes fetched ahead of the block being multiplied
 
+// 16 outputs of one row from float32 accumulators, in the output's dtype (bf16: round to nearest even):
+// every int8-activation tile's last step
+template <typename out_t>
+inline void store16(const float* v, out_t* y) {
+  for (int i = 0; i < kBlock; ++i) {
+    if constexpr (std::is_same_v<out_t, float>) {
+      y[i] = v[i];
+    } else {
+      *reinterpret_cast<uint16_t*>(y + i) = float_to_bf16(v[i]);
+    }
+  }
+}
+// f(std::integral_constant<int, r>{}) for a tile of r rows, 1 <= r <= Max (r beyond: Max): a tile's
+// rows are a template argument, so each count is its own instantiation
+template <int Max, typename F>
+inline void with_rows(int64_t r, F&& f) {
+  if constexpr (Max > 1) {
+    if (r >= Max) return f(std::integral_constant<int, Max>{});
+    return with_rows<Max - 1>(r, f);
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+#if defined(__AVX512F__)
+template <typename out_t>
+inline void store16(__m512 v, out_t* y) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    _mm512_storeu_ps(y, v);
+  } else {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    alignas(64) float tmp[kBlock];
+    _mm512_store_ps(tmp, v);
+    store16(tmp, y);
+#endif
+  }
+}
+#endif
+
 Tensor pack_int8(const Tensor& q) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 CPU weight");
   const int64_t N = q.size(0), K = q.size(1);
@@ -68,19 +109,7 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     }
   }
   for (int m = 0; m < MB; ++m)
-    for (int n = 0; n < NB; ++n) {
-      if constexpr (std::is_same_v<out_t, float>) {
-        _mm512_storeu_ps(y + m * ys + n * kBlock, facc[m][n]);
-      } else {
-#if defined(__AVX512BF16__)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys + n * kBlock), (__m256i)_mm512_cvtneps_pbh(facc[m][n]));
-#else
-        alignas(64) float tmp[kBlock];
-        _mm512_store_ps(tmp, facc[m][n]);
-        for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + n * kBlock + i) = float_to_bf16(tmp[i]);
-#endif
-      }
-    }
+    for (int n = 0; n < NB; ++n) store16(facc[m][n], y + m * ys + n * kBlock);
 #else
   float facc[MB][NB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b)
@@ -98,14 +127,7 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
                            static_cast<float>(ws[n * ss + b * kBlock + i]) * sx[m * sxs + b];
       }
   for (int m = 0; m < MB; ++m)
-    for (int n = 0; n < NB; ++n)
-      for (int i = 0; i < kBlock; ++i) {
-        if constexpr (std::is_same_v<out_t, float>) {
-          y[m * ys + n * kBlock + i] = facc[m][n][i];
-        } else {
-          *reinterpret_cast<uint16_t*>(y + m * ys + n * kBlock + i) = float_to_bf16(facc[m][n][i]);
-        }
-      }
+    for (int n = 0; n < NB; ++n) store16(facc[m][n], y + m * ys + n * kBlock);
 #endif
 }
 

@@ -99,19 +99,7 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
       }
     }
   }
-  for (int m = 0; m < MB; ++m) {
-    if constexpr (std::is_same_v<out_t, float>) {
-      _mm512_storeu_ps(y + m * ys, facc[m]);
-    } else {
-#if defined(__AVX512BF16__)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys), (__m256i)_mm512_cvtneps_pbh(facc[m]));
-#else
-      alignas(64) float tmp[kBlock];
-      _mm512_store_ps(tmp, facc[m]);
-      for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + i) = float_to_bf16(tmp[i]);
-#endif
-    }
-  }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t s = 0; s < KS; ++s) {
@@ -150,14 +138,7 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
       }
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int o = 0; o < kBlock; ++o) {
-      if constexpr (std::is_same_v<out_t, float>) {
-        y[m * ys + o] = facc[m][o];
-      } else {
-        *reinterpret_cast<uint16_t*>(y + m * ys + o) = float_to_bf16(facc[m][o]);
-      }
-    }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #endif
 }
 
@@ -173,16 +154,7 @@ void q4k_run(const int8_t* X, int64_t M, int64_t xs, int64_t KS, const uint8_t* 
         const int8_t* xr = X + m * xs;
         const float *s = SX + m * KB, *sq = SXQ + m * KB;
         out_t* yr = Y + nb * kBlock + m * ys;
-        switch (r) {
-          case 8: q4k_tile<8>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 7: q4k_tile<7>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 6: q4k_tile<6>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 5: q4k_tile<5>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 4: q4k_tile<4>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 3: q4k_tile<3>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          case 2: q4k_tile<2>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-          default: q4k_tile<1>(xr, xs, KS, w, s, sq, KB, yr, ys); break;
-        }
+        with_rows<kQ4Rows>(r, [&](auto mb) { q4k_tile<decltype(mb)::value>(xr, xs, KS, w, s, sq, KB, yr, ys); });
       }
     }
   });

@@ -105,19 +105,7 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
       facc[m] = _mm512_fmadd_ps(t, _mm512_set1_ps(sx[m * sxs + b]), facc[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) {
-    if constexpr (std::is_same_v<out_t, float>) {
-      _mm512_storeu_ps(y + m * ys, facc[m]);
-    } else {
-#if defined(__AVX512BF16__)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys), (__m256i)_mm512_cvtneps_pbh(facc[m]));
-#else
-      alignas(64) float tmp[kBlock];
-      _mm512_store_ps(tmp, facc[m]);
-      for (int i = 0; i < kBlock; ++i) *reinterpret_cast<uint16_t*>(y + m * ys + i) = float_to_bf16(tmp[i]);
-#endif
-    }
-  }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b) {
@@ -151,14 +139,7 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
       }
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int o = 0; o < kBlock; ++o) {
-      if constexpr (std::is_same_v<out_t, float>) {
-        y[m * ys + o] = facc[m][o];
-      } else {
-        *reinterpret_cast<uint16_t*>(y + m * ys + o) = float_to_bf16(facc[m][o]);
-      }
-    }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #endif
 }
 
@@ -175,14 +156,7 @@ void w6a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
         const float* s = SX + m * KB;
         const int32_t* h = H16 + m * 2 * KB;
         out_t* yr = Y + nb * kBlock + m * ys;
-        switch (r) {
-          case 6: w6a8_tile<6>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-          case 5: w6a8_tile<5>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-          case 4: w6a8_tile<4>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-          case 3: w6a8_tile<3>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-          case 2: w6a8_tile<2>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-          default: w6a8_tile<1>(xr, xs, KB, w, s, h, KB, yr, ys); break;
-        }
+        with_rows<kQ6Rows>(r, [&](auto mb) { w6a8_tile<decltype(mb)::value>(xr, xs, KB, w, s, h, KB, yr, ys); });
       }
     }
   });
