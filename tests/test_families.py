@@ -126,8 +126,8 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0]
 
 
-def close(a, b) -> bool:
-    return (a.double() - b.double()).abs().max().item() <= 1e-10
+def close(a, b, tol: float = 1e-10) -> bool:
+    return (a.double() - b.double()).abs().max().item() <= tol
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -143,8 +143,12 @@ def test_native_forward_equals_hugging_face(name):
     tokens, depth = [11, 12, 13], [0, 1, 1]  # a tree: 11 -> {12, 13}
     mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     got = nat.extend(tokens, positions=[len(seq) + d for d in depth], tree_mask=mask)
+    # Soft-capped scores (Gemma 2) take their softmax in float32, as Hugging Face's eager path: a tree row
+    # with a masked key sums its exponentials in other float32 lanes than the path without it (on AVX2's
+    # 8 lanes, not AVX-512's 16), so it agrees to float32's precision there, not to float64's
+    tree_tol = 1e-5 if getattr(model.config, "attn_logit_softcapping", None) else 1e-10
     for i, path in enumerate(([11], [11, 12], [11, 13])):
-        assert close(got[i], hf_logits(model, seq + path)[-1]), f"tree row {i}"
+        assert close(got[i], hf_logits(model, seq + path)[-1], tree_tol), f"tree row {i}"
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

@@ -5,8 +5,8 @@ loaded once per process.
 build, `QUICKDRAFT_FAST_BLOCK=0`); callers then run the torch ops they replace.
 
 **Levels, chosen at run time.** The kernels' vector paths are compiled in by the instruction sets
-the build targets (`__AVX512F__`, `__AVX512VNNI__`, `__AVX512BF16__`; the rest is the compiler's
-vectorization). Each level is a named set of flags:
+the build targets (`__AVX512F__`, `__AVX512VNNI__`, `__AVX512BF16__`; the linears' 256-bit paths by
+`__AVX2__` where those are not; the rest is the compiler's vectorization). Each level is a named set of flags:
 - `avx512_bf16`;
 - `avx512_vnni`;
 - `avx512` (x86-64-v4);

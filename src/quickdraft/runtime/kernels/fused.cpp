@@ -15,7 +15,8 @@
 // with the arithmetic of the torch path they replace (float32 accumulation for bf16 and float32,
 // float64 for float64). Built once per instruction-set level (avx512_bf16, avx512_vnni, avx512, avx2,
 // scalar: the level's -march/-m flags with -mtune=native); the vector paths follow the level's
-// macros (__AVX512F__, __AVX512VNNI__, __AVX512BF16__), the rest is the compiler's vectorization.
+// macros (__AVX512F__, __AVX512VNNI__, __AVX512BF16__, and __AVX2__ for the linears' 256-bit paths
+// where AVX-512's are not built), the rest is the compiler's vectorization.
 // Every tensor a kernel indexes is checked first (check_input, TORCH_CHECK): a clear error, never a
 // read out of bounds.
 #include <torch/extension.h>

@@ -51,6 +51,33 @@ inline void packed_tile(const uint16_t* x, int64_t xs, int64_t K2, const uint16_
   for (int m = 0; m < MB; ++m)
     for (int n = 0; n < NB; ++n)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ys + n * kBlock), (__m256i)_mm512_cvtneps_pbh(acc[m][n]));
+#elif defined(__AVX2__)
+  // a 32-bit lane holds one output's pair of bf16 weights: the first is its bits shifted up 16, the
+  // second its bits with the low 16 cleared; two fused multiply-adds a pair, 8 outputs a register
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  __m256 acc[MB][NB][2];
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) acc[m][n][0] = acc[m][n][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K2; ++k) {
+    __m256 x0[MB], x1[MB];
+    for (int m = 0; m < MB; ++m) {
+      x0[m] = _mm256_set1_ps(bf16_to_float(x[m * xs + 2 * k]));
+      x1[m] = _mm256_set1_ps(bf16_to_float(x[m * xs + 2 * k + 1]));
+    }
+    for (int n = 0; n < NB; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * bs + k * 2 * kBlock + 16 * h));
+        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), w1 = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        for (int m = 0; m < MB; ++m) acc[m][n][h] = _mm256_fmadd_ps(x1[m], w1, _mm256_fmadd_ps(x0[m], w0, acc[m][n][h]));
+      }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) {
+      alignas(32) float tmp[kBlock];
+      _mm256_store_ps(tmp, acc[m][n][0]);
+      _mm256_store_ps(tmp + 8, acc[m][n][1]);
+      for (int i = 0; i < kBlock; ++i) y[m * ys + n * kBlock + i] = float_to_bf16(tmp[i]);
+    }
 #else
   float acc[MB][NB][kBlock] = {};
   for (int64_t k = 0; k < K2; ++k) {
@@ -73,6 +100,11 @@ template <int NB>
 inline void packed_rows(const uint16_t* x, int64_t M, int64_t xs, int64_t K2, const uint16_t* w, int64_t bs,
                         uint16_t* y, int64_t ys) {
   int64_t m = 0;
+#if defined(__AVX2__) && !defined(__AVX512BF16__)
+  if constexpr (NB <= 2) {  // AVX2's 16 registers: tiles of 2 rows (8 accumulators, 4 broadcasts)
+    for (; m + 2 <= M; m += 2) packed_tile<2, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys);
+  }
+#endif
   for (; m + 4 <= M; m += 4) packed_tile<4, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys);
   switch (M - m) {
     case 3: packed_tile<3, NB>(x + m * xs, xs, K2, w, bs, y + m * ys, ys); break;
@@ -108,7 +140,11 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
   const uint16_t* W = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* Y = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t bs = K2 * 2 * kBlock, ys = NBk * kBlock;
+#if defined(__AVX2__) && !defined(__AVX512BF16__)
+  constexpr int NB = 2;  // AVX2: 2 blocks of 16 outputs a tile
+#else
   constexpr int NB = 4;
+#endif
   const int64_t groups = (NBk + NB - 1) / NB;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
@@ -116,9 +152,9 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
       const uint16_t* w = W + b0 * bs;
       uint16_t* out = Y + b0 * kBlock;
       switch (nb) {
-        case 4: packed_rows<4>(X, M, xs, K2, w, bs, out, ys); break;
-        case 3: packed_rows<3>(X, M, xs, K2, w, bs, out, ys); break;
-        case 2: packed_rows<2>(X, M, xs, K2, w, bs, out, ys); break;
+        case 4: packed_rows<std::min(4, NB)>(X, M, xs, K2, w, bs, out, ys); break;
+        case 3: packed_rows<std::min(3, NB)>(X, M, xs, K2, w, bs, out, ys); break;
+        case 2: packed_rows<std::min(2, NB)>(X, M, xs, K2, w, bs, out, ys); break;
         default: packed_rows<1>(X, M, xs, K2, w, bs, out, ys); break;
       }
     }

@@ -56,6 +56,36 @@ inline void store16(__m512 v, out_t* y) {
 }
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+// AVX2 without VNNI (levels avx2 and avx512): 16 outputs as two 8-output halves of 256 bits, and
+// vpdpbusd's products from two instructions: vpmaddubsw multiplies unsigned bytes by signed ones and adds
+// pairs into int16, vpmaddwd adds pairs of those into int32. The int16 pairs are exact while a code is
+// below 129 (2 x 128 x 127 < 2^15): 4- and 6-bit codes as they are, int8 weights after their sign has
+// moved onto the activations. The integer sums are the VNNI path's, and the float steps its, in its order.
+inline __m256i pairs_u8s8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }  // int16 pair sums
+inline __m256i quads_i16(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }  // to int32
+inline __m256i bcast4(const int8_t* x) {  // a quad of activations in every 32-bit lane
+  int32_t quad;
+  std::memcpy(&quad, x, sizeof quad);
+  return _mm256_set1_epi32(quad);
+}
+template <typename out_t>
+inline void store16(__m256 lo, __m256 hi, out_t* y) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    _mm256_storeu_ps(y, lo);
+    _mm256_storeu_ps(y + 8, hi);
+  } else {
+    alignas(32) float tmp[kBlock];
+    _mm256_store_ps(tmp, lo);
+    _mm256_store_ps(tmp + 8, hi);
+    store16(tmp, y);
+  }
+}
+inline __m256 half8(const uint8_t* p) {  // 8 fp16 -> float
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
 Tensor pack_int8(const Tensor& q) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 CPU weight");
   const int64_t N = q.size(0), K = q.size(1);
@@ -110,6 +140,42 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   }
   for (int m = 0; m < MB; ++m)
     for (int n = 0; n < NB; ++n) store16(facc[m][n], y + m * ys + n * kBlock);
+#elif defined(__AVX2__)
+  // weights q + 128 -> q (xor 128) -> |q| times x with q's sign: pairs within int16 (|q| <= 128, |x| <= 127)
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 facc[MB][NB][2];
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) facc[m][n][0] = facc[m][n][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    __m256i acc[MB][NB][2];
+    for (int m = 0; m < MB; ++m)
+      for (int n = 0; n < NB; ++n) acc[m][n][0] = acc[m][n][1] = _mm256_setzero_si256();
+    for (int64_t k = b * (kQBlock / 4); k < (b + 1) * (kQBlock / 4); ++k) {
+      __m256i wq[NB][2], wa[NB][2];
+      for (int n = 0; n < NB; ++n)
+        for (int h = 0; h < 2; ++h) {
+          wq[n][h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * bs + k * 4 * kBlock + 32 * h)), flip);
+          wa[n][h] = _mm256_sign_epi8(wq[n][h], wq[n][h]);
+        }
+      for (int m = 0; m < MB; ++m) {
+        const __m256i xv = bcast4(x + m * xs + 4 * k);
+        for (int n = 0; n < NB; ++n)
+          for (int h = 0; h < 2; ++h)
+            acc[m][n][h] = _mm256_add_epi32(acc[m][n][h], quads_i16(pairs_u8s8(wa[n][h], _mm256_sign_epi8(xv, wq[n][h]))));
+      }
+    }
+    for (int n = 0; n < NB; ++n)
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_loadu_ps(ws + n * ss + b * kBlock + 8 * h);
+        for (int m = 0; m < MB; ++m) {  // the sums are q x already: the VNNI path's shift is not there to take back
+          const __m256 v = _mm256_cvtepi32_ps(acc[m][n][h]);
+          facc[m][n][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(scale, _mm256_set1_ps(sx[m * sxs + b])), facc[m][n][h]);
+        }
+      }
+  }
+  (void)xc;
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) store16(facc[m][n][0], facc[m][n][1], y + m * ys + n * kBlock);
 #else
   float facc[MB][NB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b)
@@ -135,6 +201,15 @@ template <int NB, typename out_t>
 inline void w8a8_rows(const int8_t* x, int64_t M, int64_t xs, int64_t KB, const uint8_t* w, int64_t bs,
                       const float* ws, int64_t ss, const float* sx, const int32_t* xc, int64_t sxs, out_t* y,
                       int64_t ys) {
+#if !defined(__AVX512VNNI__)
+  if (M > 1) {  // 16 registers (AVX2): tiles of 2 rows
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2)
+      w8a8_tile<2, NB>(x + m * xs, xs, KB, w, bs, ws, ss, sx + m * sxs, xc + m * sxs, sxs, y + m * ys, ys);
+    if (m < M) w8a8_tile<1, NB>(x + m * xs, xs, KB, w, bs, ws, ss, sx + m * sxs, xc + m * sxs, sxs, y + m * ys, ys);
+    return;
+  }
+#endif
   if (M == 5 || M == 6) {  // one pass over the weights (24 accumulators and the weights fit the 32 registers)
     if (M == 5) w8a8_tile<5, NB>(x, xs, KB, w, bs, ws, ss, sx, xc, sxs, y, ys);
     else w8a8_tile<6, NB>(x, xs, KB, w, bs, ws, ss, sx, xc, sxs, y, ys);

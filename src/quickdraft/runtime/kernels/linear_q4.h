@@ -85,6 +85,36 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     }
   }
   for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
+#elif defined(__AVX2__)
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 facc[MB][2];
+  for (int m = 0; m < MB; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ4Bytes;
+    if constexpr (MB > 1)
+      for (int l = 0; l < kQ4Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
+    __m256i acc[MB][2];  // int16 pair sums of the whole block: 8 products of 2 x 15 x 127 stay below 2^15
+    for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        for (int m = 0; m < MB; ++m) {
+          const __m256i p = _mm256_add_epi16(pairs_u8s8(lo, bcast4(x + m * xs + 32 * b + 4 * j)),
+                                             pairs_u8s8(hi, bcast4(x + m * xs + 32 * b + 16 + 4 * j)));
+          acc[m][h] = _mm256_add_epi16(acc[m][h], p);
+        }
+      }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dv = half8(wb + 256 + 16 * h), mv = half8(wb + 256 + 2 * kBlock + 16 * h);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 dot = _mm256_cvtepi32_ps(quads_i16(acc[m][h]));
+        facc[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(sx[m * sxs + b])), facc[m][h]);
+        facc[m][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sxq[m * sxs + b]), facc[m][h]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b) {
@@ -117,7 +147,11 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
 #endif
 }
 
+#if defined(__AVX512VNNI__)
 constexpr int kQ4Rows = 8;  // rows of a tile: 8 integer and 8 float accumulators stay in registers
+#else
+constexpr int kQ4Rows = 3;  // AVX2's 16 registers: 2 integer and 2 float accumulators a row
+#endif
 
 template <typename out_t>
 void w4a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t* W, const float* SX,

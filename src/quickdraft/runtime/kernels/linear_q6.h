@@ -16,7 +16,11 @@
 // acc_hi + d sc_lo acc_lo) in one float order for every row: batch-invariant, as linear_w4a8.
 constexpr int64_t kQ6Bytes = 4 * 64 + 2 * 64 + 2 * kBlock + 2 * kBlock;
 constexpr int64_t kQ6Ahead = 16 * kQ6Bytes;  // bytes fetched ahead of the block being multiplied
+#if defined(__AVX512VNNI__)
 constexpr int kQ6Rows = 6;  // rows of a tile: 3 accumulators a row and 9 temporaries in the 32 registers
+#else
+constexpr int kQ6Rows = 3;  // AVX2's 16 registers
+#endif
 
 // codes (N, K) uint8 0..63, sc (N, K/16) int8, d (N, K/256) float, K a multiple of 256 -> (ceil(N/16), K/32, 448)
 Tensor pack_q6(const Tensor& codes, const Tensor& sc, const Tensor& d) {
@@ -106,6 +110,51 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     }
   }
   for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
+#elif defined(__AVX2__)
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  __m256 facc[MB][2];
+  for (int m = 0; m < MB; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ6Bytes;
+    if constexpr (MB > 1)
+      for (int l = 0; l < kQ6Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ6Ahead + l), _MM_HINT_T0);
+    for (int h = 0; h < 2; ++h) {  // each 8-output half in turn: its 4 accumulators a row fit the 16 registers
+      __m256i lo_acc[MB], hi_acc[MB];
+      for (int m = 0; m < MB; ++m) {
+        lo_acc[m] = _mm256_set1_epi32(-32 * h16[m * 2 * sxs + 2 * b]);
+        hi_acc[m] = _mm256_set1_epi32(-32 * h16[m * 2 * sxs + 2 * b + 1]);
+      }
+      const __m256i h_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 32 * h));
+      const __m256i h_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 320 + 32 * h));
+      const auto codes = [&](__m256i nibbles, __m256i high, int j) {  // quad j's 6-bit codes (see q6_codes)
+        const __m256i top = j < 2 ? _mm256_slli_epi16(high, 4 - 2 * j) : j == 3 ? _mm256_srli_epi16(high, 2) : high;
+        return _mm256_or_si256(_mm256_and_si256(nibbles, low4), _mm256_and_si256(top, bits45));
+      };
+      for (int j = 0; j < 4; j += 2) {  // two quads' int16 pairs at once: 2 x 2 x 63 x 127 < 2^15
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * (j + 1) + 32 * h));
+        const __m256i lo0 = codes(v0, h_lo, j), lo1 = codes(v1, h_lo, j + 1);
+        const __m256i hi0 = codes(_mm256_srli_epi16(v0, 4), h_hi, j), hi1 = codes(_mm256_srli_epi16(v1, 4), h_hi, j + 1);
+        for (int m = 0; m < MB; ++m) {
+          const int8_t* xm = x + m * xs + 32 * b;
+          lo_acc[m] = _mm256_add_epi32(lo_acc[m], quads_i16(_mm256_add_epi16(pairs_u8s8(lo0, bcast4(xm + 4 * j)),
+                                                                             pairs_u8s8(lo1, bcast4(xm + 4 * j + 4)))));
+          hi_acc[m] = _mm256_add_epi32(hi_acc[m], quads_i16(_mm256_add_epi16(pairs_u8s8(hi0, bcast4(xm + 16 + 4 * j)),
+                                                                             pairs_u8s8(hi1, bcast4(xm + 20 + 4 * j)))));
+        }
+      }
+      const auto bytes8 = [&](int64_t off) {  // 8 signed bytes -> float
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + off))));
+      };
+      const __m256 dv = half8(wb + 416 + 16 * h);
+      const __m256 s_lo = _mm256_mul_ps(dv, bytes8(384 + 8 * h)), s_hi = _mm256_mul_ps(dv, bytes8(400 + 8 * h));
+      for (int m = 0; m < MB; ++m) {
+        const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo_acc[m]), s_lo, _mm256_mul_ps(_mm256_cvtepi32_ps(hi_acc[m]), s_hi));
+        facc[m][h] = _mm256_fmadd_ps(t, _mm256_set1_ps(sx[m * sxs + b]), facc[m][h]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b) {
