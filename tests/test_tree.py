@@ -215,8 +215,10 @@ def test_greedy_trees_equal_plain_decoding(target, drafter, shape):
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, top_k=20)])
 @pytest.mark.parametrize("k", [1, 3])
 def test_a_one_wide_tree_is_chain_speculative_decoding(target, sampling, k):
-    chain = Engine(target, options_from({"drafter": "truncated:1", "draft_length": k}))
-    tree = Engine(target, options_from({"drafter": "truncated:1", "draft_tree": k, "tree_width": 1}))
+    # unguarded: the guard's verdict comes from this host's timings, and a round one engine pauses draws
+    # other random numbers than a drafted round of the other (on the AVX2 host the two then diverged)
+    chain = Engine(target, options_from({"drafter": "truncated:1", "draft_length": k, "guard": False}))
+    tree = Engine(target, options_from({"drafter": "truncated:1", "draft_tree": k, "tree_width": 1, "guard": False}))
     for i, prompt in enumerate(([5, 6, 7], [9, 9, 9, 9], [3, 1, 4, 1, 5])):
         s = SamplingConfig(sampling.temperature, sampling.top_k, seed=i)
         a = chain.generate_ids(prompt, s, StopConfig(30))
