@@ -48,6 +48,26 @@ Tensor pack_q4(const Tensor& codes, const Tensor& d, const Tensor& mins) {
   return out;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+// one block's four 64-byte code quads at wb (pack_q4's layout, Q4_K's too) times MB rows' 32 activations
+// at x (row stride xs): the int16 pair sums of each 8-output half, acc[m][h] (8 products of 2 x 15 x 127
+// stay below 2^15)
+template <int MB>
+inline void q4_pairs_avx2(const uint8_t* wb, const int8_t* x, int64_t xs, __m256i acc[][2]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
+      const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      for (int m = 0; m < MB; ++m) {
+        const __m256i p = _mm256_add_epi16(pairs_u8s8(lo, bcast4(x + m * xs + 4 * j)), pairs_u8s8(hi, bcast4(x + m * xs + 16 + 4 * j)));
+        acc[m][h] = _mm256_add_epi16(acc[m][h], p);
+      }
+    }
+}
+#endif
+
 template <int MB, typename out_t>
 inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w, const float* sx, const float* sxq,
                       int64_t sxs, out_t* y, int64_t ys) {
@@ -86,25 +106,14 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   }
   for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #elif defined(__AVX2__)
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 facc[MB][2];
   for (int m = 0; m < MB; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* wb = w + b * kQ4Bytes;
     if constexpr (MB > 1)
       for (int l = 0; l < kQ4Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
-    __m256i acc[MB][2];  // int16 pair sums of the whole block: 8 products of 2 x 15 x 127 stay below 2^15
-    for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j)
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
-        const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int m = 0; m < MB; ++m) {
-          const __m256i p = _mm256_add_epi16(pairs_u8s8(lo, bcast4(x + m * xs + 32 * b + 4 * j)),
-                                             pairs_u8s8(hi, bcast4(x + m * xs + 32 * b + 16 + 4 * j)));
-          acc[m][h] = _mm256_add_epi16(acc[m][h], p);
-        }
-      }
+    __m256i acc[MB][2];
+    q4_pairs_avx2<MB>(wb, x + 32 * b, xs, acc);
     for (int h = 0; h < 2; ++h) {
       const __m256 dv = half8(wb + 256 + 16 * h), mv = half8(wb + 256 + 2 * kBlock + 16 * h);
       for (int m = 0; m < MB; ++m) {

@@ -101,7 +101,6 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
   }
   for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #elif defined(__AVX2__)
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 facc[MB][2];
   for (int m = 0; m < MB; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
   for (int64_t s = 0; s < KS; ++s) {
@@ -114,17 +113,7 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
         for (int l = 0; l < (c ? 256 : 256 + kQ4KCodes); l += 64)
           _mm_prefetch(reinterpret_cast<const char*>((c ? wb : sup) + kQ4KAhead + l), _MM_HINT_T0);
       __m256i acc[MB][2];  // int16 pair sums of the whole block, as linear_w4a8's AVX2 path
-      for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
-          const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-          for (int m = 0; m < MB; ++m) {
-            const __m256i p = _mm256_add_epi16(pairs_u8s8(lo, bcast4(x + m * xs + 32 * b + 4 * j)),
-                                               pairs_u8s8(hi, bcast4(x + m * xs + 32 * b + 16 + 4 * j)));
-            acc[m][h] = _mm256_add_epi16(acc[m][h], p);
-          }
-        }
+      q4_pairs_avx2<MB>(wb, x + 32 * b, xs, acc);
       for (int h = 0; h < 2; ++h) {
         const auto bytes8 = [&](int64_t off) {  // 8 unsigned bytes -> float
           return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sup + off))));
