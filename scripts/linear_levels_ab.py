@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("library", type=Path, help="a build's quickdraft_fused_<level>.so")
     ap.add_argument("out", type=Path, help="JSON: {form@rows: ms a layer}")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--forms", default="q4k,w6a8,w4a8,w8a8,bf16", help="comma-separated weight forms to time")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -69,9 +71,10 @@ def main() -> None:
         "w8a8": lambda x, w, n: ops.linear_w8a8(x, *w["w8a8"], n),
         "bf16": lambda x, w, n: ops.linear_packed(x, w["bf16"], n),
     }
+    calls = {form: calls[form] for form in args.forms.split(",")}
     layer = {name: [weights(ops, n, k) for _ in range(COPIES)] for name, (n, k) in SHAPES.items()}
     out = {}
-    for rows in ROWS:
+    for rows in map(int, args.rows.split(",")):
         for form, call in calls.items():
             times = []
             for _ in range(7):

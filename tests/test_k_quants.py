@@ -166,3 +166,72 @@ def test_q4k_parts_concatenate_and_bad_input_is_refused(ops):
         ops.pack_q4k(
             torch.zeros(3, 256, dtype=torch.uint8), z, z[:, :7].contiguous(), torch.ones(3, 1), torch.ones(3, 1)
         )
+
+
+@needs_ops
+def test_gguf_rows_pack_in_one_pass_to_the_decoded_parts_bytes(ops):
+    """`pack_q4k_gguf` / `pack_q6_gguf` of a tensor's rows as stored give the bytes `pack_q4k` / `pack_q6`
+    give from the decoded parts (37 outputs: a padded last tile of 16; 3 super-blocks)."""
+    from quickdraft.runtime.q4k import Q4KLinear
+    from quickdraft.runtime.w6a8 import W6A8Linear
+
+    raw4, raw6 = _q4_k_raw(37, 768, seed=5), random_q6_k(37, 3, seed=6)
+    from_parts = ops.pack_q4k(*(t.contiguous() for t in q4_k_parts(raw4)))
+    assert torch.equal(ops.pack_q4k_gguf(torch.from_numpy(raw4)), from_parts)
+    assert torch.equal(
+        ops.pack_q6_gguf(torch.from_numpy(raw6)), ops.pack_q6(*(t.contiguous() for t in q6_k_blocks(raw6)))
+    )
+    assert torch.equal(Q4KLinear.from_gguf(torch.from_numpy(raw4)).dequantized(), q4_k_values(raw4))
+    assert torch.equal(W6A8Linear.from_gguf(torch.from_numpy(raw6)).dequantized(), q6_k_values(raw6))
+    # negative control: the top bits of scale byte 0 are block 4's sc (llama.cpp's get_scale_min_k4)
+    flipped = raw4.copy()
+    flipped[0, 4] ^= 0xC0
+    assert not torch.equal(ops.pack_q4k_gguf(torch.from_numpy(flipped)), from_parts)
+    with pytest.raises(RuntimeError, match="^pack_q4k_gguf"):
+        ops.pack_q4k_gguf(torch.zeros(2, 100, dtype=torch.uint8))
+    with pytest.raises(QuickdraftError, match="Q6_K rows"):
+        W6A8Linear.from_gguf(torch.zeros(2, 100, dtype=torch.uint8))
+
+
+@needs_ops
+def test_q4k_linears_of_whole_tiles_concatenate_as_packed(ops):
+    """Parts of whole 16-output tiles join by their packed tiles: the bytes a pack of the joined parts gives."""
+    from quickdraft.runtime.q4k import Q4KLinear
+    from quickdraft.runtime.rows import concat_rows
+
+    a, b = (Q4KLinear.from_gguf(torch.from_numpy(_q4_k_raw(n, 512, seed=n))) for n in (32, 16))
+    both = concat_rows([a, b])
+    parts = [torch.cat(ts) for ts in zip(a.parts(), b.parts(), strict=True)]
+    assert both.shape == (48, 512) and torch.equal(both.packed, Q4KLinear(*parts).packed)
+
+
+@needs_ops
+def test_the_float_reader_decodes_every_block_type_as_gguf_does(monkeypatch):
+    """`w4a8-all`'s float source: Q4_K and Q6_K through the C++ packers, Q8_0 and Q5_0 in torch, each the
+    `gguf` package's dequantized values exactly."""
+    from gguf import GGMLQuantizationType, quants
+
+    from quickdraft.runtime import quantized
+    from quickdraft.weights import gguf_weights
+
+    w = np.random.default_rng(3).standard_normal((16, 256)).astype(np.float32)
+    raws = {
+        "Q4_K": _q4_k_raw(16, 256, seed=7),
+        "Q6_K": random_q6_k(16, 1, seed=8),
+        "Q5_0": quants.quantize(w, GGMLQuantizationType.Q5_0),
+        "Q8_0": quants.quantize(w, GGMLQuantizationType.Q8_0),
+    }
+
+    class Tensor:
+        def __init__(self, kind: str, data: np.ndarray) -> None:
+            self.tensor_type, self.data, self.shape = GGMLQuantizationType[kind], data, (256, 16)
+            self.name = f"blk.0.{kind}.weight"
+
+    tensors = [(kind, "ffn_up", Tensor(kind, raw)) for kind, raw in raws.items()]
+    monkeypatch.setattr(gguf_weights, "linear_tensors", lambda path, config: tensors)
+    monkeypatch.setattr(gguf_weights, "permuted_heads", lambda config: {})
+    fast = gguf_weights.gguf_float_reader(Path("x.gguf"), None, quantized._exact_decoders())
+    assert set(quantized._exact_decoders()) == {"Q4_K", "Q6_K"}
+    for kind, raw in raws.items():
+        want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
+        assert torch.equal(fast(kind), want), kind

@@ -74,7 +74,7 @@ def _persisted(key: str, persist: bool, measure, encode, decode):
 
 def cost_curve(model, model_name: str, dtype: str, persist: bool, weights: str = "none") -> dict[int, float]:
     """The measured curve for this target on this host: memoised per process, and in the cache
-    folder when `persist` (the embedded default; other targets are measured once per process)."""
+    folder when `persist` (the embedded default and the named targets; others are measured once per process)."""
     return _persisted(
         host_key(model_name, dtype, weights),
         persist,

@@ -54,8 +54,8 @@ class DecodeParts:
 def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None, float]:
     """(this host's verify-cost curve for the target, a model drafter's step in target steps or None
     for a model-free drafter, the drafter's lookups a round in target steps), measured once per
-    engine (once per host for the shipped default: `costs/cost_curve.py`). Only targets that verify
-    trees (the native runtime) have a curve."""
+    engine (once per host for the embedded default and the named targets: `costs/cost_curve.py`). Only
+    targets that verify trees (the native runtime) have a curve."""
     if "host_costs" not in parts.memo:
         from quickdraft.costs.cost_curve import cost_curve
 
@@ -65,15 +65,16 @@ def host_costs(parts: DecodeParts) -> tuple[dict[int, float], float | None, floa
 
 
 def _persist(parts: DecodeParts) -> dict:
-    """Whether this target's host measurements are kept in the cache folder (the shipped default's)."""
-    from quickdraft.weights.delta import SHIPPED_FOR
+    """Whether this target's host measurements are kept in the cache folder: the embedded default's and
+    a named target's (weights fixed by checksum; the Qwen pair's curve took 20 s a process to measure)."""
+    from quickdraft.weights.default import fixed_weights
 
-    return {"persist": (parts.target_name or "") in SHIPPED_FOR, "weights": parts.config.quantize}
+    return {"persist": fixed_weights(parts.target_name or ""), "weights": parts.config.quantize}
 
 
 def drafting(parts: DecodeParts) -> tuple[float | None, float]:
     """(a model drafter's step in target steps or None, its lookups a drafted round in target steps),
-    once per engine (`costs/cost_curve.drafting_costs`: once per host for the shipped default)."""
+    once per engine (`costs/cost_curve.drafting_costs`: once per host for the default and named targets)."""
     if "drafting" not in parts.memo:
         from quickdraft.costs.cost_curve import drafting_costs
 

@@ -31,9 +31,7 @@ class Q4KLinear:
     __slots__ = ("shape", "packed", "_kernel")
 
     def __init__(self, codes, sc, mn, d, dmin) -> None:
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("Q4_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        ops = _ops()
         if codes.dim() != 2 or codes.shape[1] % SUPER:
             shape = tuple(codes.shape)
             raise QuickdraftError(f"Q4_K codes must be (out, in) with in a multiple of {SUPER}, not {shape}")
@@ -41,6 +39,21 @@ class Q4KLinear:
         u8 = [t.to(torch.uint8).contiguous() for t in (codes, sc, mn)]
         self.packed = ops.pack_q4k(*u8, *(t.float().half().float().contiguous() for t in (d, dmin)))
         self._kernel = ops.linear_q4k
+
+    @classmethod
+    def from_gguf(cls, raw: torch.Tensor) -> Q4KLinear:
+        """The linear of a GGUF Q4_K tensor's rows as stored, (out, in / 256 * 144) uint8, packed in one pass
+        (the same bytes as the constructor's from `weights.gguf_weights.q4_k_parts`)."""
+        ops = _ops()
+        if raw.dim() != 2 or raw.shape[1] % 144:
+            raise QuickdraftError(f"Q4_K rows must be (out, super-blocks * 144) bytes, not {tuple(raw.shape)}")
+        return cls._of((raw.shape[0], raw.shape[1] // 144 * SUPER), ops.pack_q4k_gguf(raw.contiguous()), ops)
+
+    @classmethod
+    def _of(cls, shape: tuple[int, int], packed: torch.Tensor, ops) -> Q4KLinear:
+        self = cls.__new__(cls)
+        self.shape, self.packed, self._kernel = shape, packed, ops.linear_q4k
+        return self
 
     def parts(self) -> tuple[torch.Tensor, ...]:
         """(codes, sc, mn, d, dmin) as the constructor takes them, unpacked from `packed` (nb, K/256, 2368)."""
@@ -82,7 +95,18 @@ class Q4KLinear:
         return self.packed.numel()
 
 
+def _ops():
+    ops = kernels.fused_ops()
+    if ops is None:
+        raise QuickdraftError("Q4_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+    return ops
+
+
 def concat(parts: list[Q4KLinear]) -> Q4KLinear:
-    """One linear over the parts' concatenated output rows."""
+    """One linear over the parts' concatenated output rows: their packed tiles joined as they are when
+    each part fills whole tiles of 16 outputs, else packed again from their parts."""
+    if all(p.shape[0] % 16 == 0 for p in parts):
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        return Q4KLinear._of(shape, torch.cat([p.packed for p in parts]), _ops())
     unpacked = [p.parts() for p in parts]
     return Q4KLinear(*(torch.cat([u[i] for u in unpacked]) for i in range(len(NAMES))))

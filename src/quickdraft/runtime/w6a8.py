@@ -42,6 +42,20 @@ class W6A8Linear:
         self.packed = ops.pack_q6(codes.to(torch.uint8).contiguous(), sc.to(torch.int8).contiguous(), d)
         self._kernel = ops.linear_w6a8
 
+    @classmethod
+    def from_gguf(cls, raw: torch.Tensor) -> W6A8Linear:
+        """The linear of a GGUF Q6_K tensor's rows as stored, (out, in / 256 * 210) uint8, packed in one pass
+        (the same bytes as the constructor's from `weights.gguf_weights.q6_k_blocks`)."""
+        ops = kernels.fused_ops()
+        if ops is None:
+            raise QuickdraftError("Q6_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        if raw.dim() != 2 or raw.shape[1] % 210:
+            raise QuickdraftError(f"Q6_K rows must be (out, super-blocks * 210) bytes, not {tuple(raw.shape)}")
+        self = cls.__new__(cls)
+        self.shape = (raw.shape[0], raw.shape[1] // 210 * SUPER)
+        self.packed, self._kernel = ops.pack_q6_gguf(raw.contiguous()), ops.linear_w6a8
+        return self
+
     def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes (out, in) uint8, sc (out, in/16) int8, d (out, in/256) float), unpacked from `packed`."""
         out, k = self.shape

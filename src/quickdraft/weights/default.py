@@ -156,6 +156,12 @@ NAMED_TARGETS = {
 }  # fmt: skip
 
 
+def fixed_weights(name: str) -> bool:
+    """Whether a loaded model's display name is the embedded default's or a named target's: weights
+    fixed by their package's checksum, so what a host measures of them can be kept across processes."""
+    return name == DEFAULT_MODEL_NAME or any(name == t.name for t in NAMED_TARGETS.values())
+
+
 def named_target_dir(key: str) -> Path:
     return cache_dir() / "models" / NAMED_TARGETS[key].name
 

@@ -79,7 +79,10 @@ def q8_0_blocks(raw: np.ndarray) -> torch.Tensor:
 
 def q8_values(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """(out, in) float32 of int8 codes and their scales per block of 32: w = q d."""
-    return q.float() * d.repeat_interleave(32, dim=1)[:, : q.shape[1]]
+    out, k = q.shape
+    if k == 32 * d.shape[1]:  # whole blocks: each block's codes times its scale, in place of a repeated scale
+        return (q.view(out, -1, 32).float() * d[..., None]).view(out, k)
+    return q.float() * d.repeat_interleave(32, dim=1)[:, :k]
 
 
 def q4_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,19 +131,19 @@ def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     Returns:
         (q (out, in) int8 in [-127, 127] (Q5_0: [-16, 15]), d (out, in / 32) float32).
     """
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     out = raw.shape[0]
     blocks = raw.reshape(out, -1, 34 if kind == "Q8_0" else 22)
     d = _fp16(blocks[..., 0:2])
     if kind == "Q8_0":
-        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(out, -1)
-    else:  # the package's dequantized values over their block's scale: the codes, exactly (d = 0: codes 0)
-        w = dequantize(raw, GGMLQuantizationType.Q5_0).reshape(out, -1, 32)
-        safe = np.where(d.numpy() == 0, 1.0, d.numpy())[..., None]
-        q = np.rint(w / safe).astype(np.int8).reshape(out, -1)
-    return torch.from_numpy(q.copy()), d
+        return torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(out, -1).copy()), d
+    # Q5_0 (llama.cpp's dequantize_row_q5_0): weight j < 16 is the low nibble of byte j, j >= 16 the
+    # high nibble of byte j - 16, each with bit j of the 32-bit word qh as its fifth bit, less 16
+    b = torch.from_numpy(np.ascontiguousarray(blocks))
+    bits = (b[..., 2:6, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # qh's bytes little-endian: bit j
+    fifth = bits.reshape(*b.shape[:-1], 32) << 4
+    qs = b[..., 6:22]
+    q = (torch.cat([qs & 0x0F, qs >> 4], dim=-1) | fifth).to(torch.int8) - 16
+    return q.reshape(out, -1), d
 
 
 def q6_k_values(raw: np.ndarray) -> torch.Tensor:
@@ -191,17 +194,30 @@ def permuted_heads(config) -> dict[str, int]:
     return {"attn_q": int(config.num_attention_heads), "attn_k": int(config.num_key_value_heads)}
 
 
-def gguf_float_reader(path: Path, config):
+def gguf_float_reader(path: Path, config, decoders: dict | None = None):
     """name -> (out, in) float32 weight of a linear, dequantized from the GGUF's own blocks (exact), for
-    quantizers that start from float weights (`w4a8-all`) on a model whose folder holds only bf16."""
+    quantizers that start from float weights (`w4a8-all`) on a model whose folder holds only bf16.
+
+    Args:
+        decoders: {GGUF type name: raw rows (out, bytes) uint8 tensor -> (out, in) float32}, exact decoders
+            a caller has (the runtime's C++ ones for Q4_K and Q6_K); Q8_0 and Q5_0 decode here, the rest
+            through the `gguf` package's dequantizer.
+    """
     from gguf.quants import dequantize
 
     tensors = {name: (t, role) for name, role, t in linear_tensors(path, config)}
     heads = permuted_heads(config)
+    decoders = decoders or {}
 
     def read(name: str) -> torch.Tensor:
         t, role = tensors[name]
-        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        kind = t.tensor_type.name
+        if kind in ("Q8_0", "Q5_0"):
+            w = q8_values(*q8_codes(np.asarray(t.data), kind))
+        elif kind in decoders:
+            w = decoders[kind](torch.from_numpy(np.array(t.data)))
+        else:
+            w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         w = w.reshape(int(t.shape[1]), int(t.shape[0]))
         if role in heads:
             w = w[unpermute_rows(w.shape[0], heads[role])]

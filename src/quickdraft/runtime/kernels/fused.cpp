@@ -90,8 +90,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_q4", &pack_q4, "(N, K) 4-bit codes with (N, K/32) scales and mins in linear_w4a8's layout (N/16, K/32, 320)");
   m.def("linear_w4a8", &linear_w4a8, "x W^T with 4-bit weights (q d + m) and per-row int8 activations (VNNI)");
   m.def("pack_q6", &pack_q6, "(N, K) 6-bit codes, (N, K/16) int8 scales, (N, K/256) d in linear_w6a8's layout (N/16, K/32, 448)");
+  m.def("pack_q6_gguf", &pack_q6_gguf, "a GGUF Q6_K tensor's raw rows (N, K/256 x 210) in linear_w6a8's layout");
   m.def("linear_w6a8", &linear_w6a8, "x W^T with Q6_K weights (d sc (q - 32)) and per-row int8 activations (VNNI)");
   m.def("pack_q4k", &pack_q4k, "(N, K) 4-bit codes, (N, K/32) 6-bit sc and mn, (N, K/256) d and dmin in linear_q4k's layout");
+  m.def("pack_q4k_gguf", &pack_q4k_gguf, "a GGUF Q4_K tensor's raw rows (N, K/256 x 144) in linear_q4k's layout");
   m.def("linear_q4k", &linear_q4k, "x W^T with Q4_K weights (d sc q - dmin mn) and per-row int8 activations (VNNI)");
   m.def("llama_layers", &llama_layers, "plain Llama blocks over one sequence's rows, one call (the kernels above)");
   m.def("has_avx512_vnni", [] {

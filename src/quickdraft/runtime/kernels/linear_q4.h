@@ -30,21 +30,23 @@ Tensor pack_q4(const Tensor& codes, const Tensor& d, const Tensor& mins) {
   const float* D = df.data_ptr<float>();
   const float* Mn = mf.data_ptr<float>();
   uint8_t* O = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t nb = n / kBlock, o = n % kBlock;
-    for (int64_t b = 0; b < KB; ++b) {
-      uint8_t* blk = O + (nb * KB + b) * kQ4Bytes;
-      for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 4; ++i) {
-          const int64_t k0 = 32 * b + 4 * j + i, k1 = k0 + 16;
-          const uint8_t lo = k0 < K ? C[n * K + k0] & 0x0F : 0, hi = k1 < K ? C[n * K + k1] & 0x0F : 0;
-          blk[64 * j + 4 * o + i] = static_cast<uint8_t>(lo | (hi << 4));
-        }
-      const uint16_t dh = half_bits(D[n * KB + b]), mh = half_bits(Mn[n * KB + b]);
-      std::memcpy(blk + 256 + 2 * o, &dh, 2);
-      std::memcpy(blk + 256 + 2 * kBlock + 2 * o, &mh, 2);
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {  // each 16 outputs' bytes are their own
+    for (int64_t n = begin * kBlock; n < std::min(N, end * kBlock); ++n) {
+      const int64_t nb = n / kBlock, o = n % kBlock;
+      for (int64_t b = 0; b < KB; ++b) {
+        uint8_t* blk = O + (nb * KB + b) * kQ4Bytes;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const int64_t k0 = 32 * b + 4 * j + i, k1 = k0 + 16;
+            const uint8_t lo = k0 < K ? C[n * K + k0] & 0x0F : 0, hi = k1 < K ? C[n * K + k1] & 0x0F : 0;
+            blk[64 * j + 4 * o + i] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        const uint16_t dh = half_bits(D[n * KB + b]), mh = half_bits(Mn[n * KB + b]);
+        std::memcpy(blk + 256 + 2 * o, &dh, 2);
+        std::memcpy(blk + 256 + 2 * kBlock + 2 * o, &mh, 2);
+      }
     }
-  }
+  });
   return out;
 }
 

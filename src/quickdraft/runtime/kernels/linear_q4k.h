@@ -17,6 +17,23 @@ constexpr int64_t kQ4KSc = 4 * kBlock, kQ4KMn = kQ4KSc + 8 * kBlock, kQ4KCodes =
 constexpr int64_t kQ4KSuper = kQ4KCodes + 8 * 256;  // d, dmin, sc, mn, then eight blocks' codes
 constexpr int64_t kQ4KAhead = 2 * kQ4KSuper;         // bytes fetched ahead of the block being multiplied
 
+// one output o's super-block in pack_q4k's layout at sup: its 256 codes 0..15, eight sc and mn 0..63,
+// and d and dmin as fp16 bits
+inline void put_q4k(uint8_t* sup, int64_t o, const uint8_t* codes, const uint8_t* sc, const uint8_t* mn, uint16_t dh,
+                    uint16_t mh) {
+  std::memcpy(sup + 2 * o, &dh, 2);
+  std::memcpy(sup + 2 * kBlock + 2 * o, &mh, 2);
+  for (int c = 0; c < 8; ++c) {
+    uint8_t* blk = sup + kQ4KCodes + 256 * c;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i)
+        blk[64 * j + 4 * o + i] =
+            static_cast<uint8_t>((codes[32 * c + 4 * j + i] & 0x0F) | ((codes[32 * c + 16 + 4 * j + i] & 0x0F) << 4));
+    sup[kQ4KSc + kBlock * c + o] = sc[c] & 0x3F;
+    sup[kQ4KMn + kBlock * c + o] = mn[c] & 0x3F;
+  }
+}
+
 // codes (N, K) uint8 0..15, sc and mn (N, K/32) uint8 0..63, d and dmin (N, K/256) float, K a multiple of 256
 // -> (ceil(N/16), K/256, 2368) uint8 (zero-padded outputs)
 Tensor pack_q4k(const Tensor& codes, const Tensor& sc, const Tensor& mn, const Tensor& d, const Tensor& dmin) {
@@ -33,26 +50,43 @@ Tensor pack_q4k(const Tensor& codes, const Tensor& sc, const Tensor& mn, const T
   const uint8_t *C = codes.data_ptr<uint8_t>(), *S = sc.data_ptr<uint8_t>(), *Mn = mn.data_ptr<uint8_t>();
   const float *D = d.data_ptr<float>(), *Dm = dmin.data_ptr<float>();
   uint8_t* O = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t nb = n / kBlock, o = n % kBlock;
-    for (int64_t s = 0; s < KS; ++s) {
-      uint8_t* sup = O + (nb * KS + s) * kQ4KSuper;
-      const uint16_t dh = half_bits(D[n * KS + s]), mh = half_bits(Dm[n * KS + s]);
-      std::memcpy(sup + 2 * o, &dh, 2);
-      std::memcpy(sup + 2 * kBlock + 2 * o, &mh, 2);
-      for (int64_t c = 0; c < 8; ++c) {
-        const int64_t b = 8 * s + c;
-        uint8_t* blk = sup + kQ4KCodes + 256 * c;
-        for (int j = 0; j < 4; ++j)
-          for (int i = 0; i < 4; ++i) {
-            const int64_t k0 = 32 * b + 4 * j + i;
-            blk[64 * j + 4 * o + i] = static_cast<uint8_t>((C[n * K + k0] & 0x0F) | ((C[n * K + k0 + 16] & 0x0F) << 4));
-          }
-        sup[kQ4KSc + kBlock * c + o] = S[n * (K / kQBlock) + b] & 0x3F;
-        sup[kQ4KMn + kBlock * c + o] = Mn[n * (K / kQBlock) + b] & 0x3F;
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {  // each 16 outputs' bytes are their own
+    for (int64_t n = begin * kBlock; n < std::min(N, end * kBlock); ++n)
+      for (int64_t s = 0; s < KS; ++s)
+        put_q4k(O + ((n / kBlock) * KS + s) * kQ4KSuper, n % kBlock, C + n * K + 256 * s, S + n * (K / kQBlock) + 8 * s,
+                Mn + n * (K / kQBlock) + 8 * s, half_bits(D[n * KS + s]), half_bits(Dm[n * KS + s]));
+  });
+  return out;
+}
+
+// a GGUF Q4_K tensor's rows as stored, (N, K/256 x 144) uint8 (per 256 weights: d and dmin in fp16, 12
+// bytes of eight 6-bit sc and mn, 128 of codes, each 64 weights as 32 low nibbles then 32 high ones)
+// -> pack_q4k's layout, in one pass (the same bytes as pack_q4k of the decoded parts)
+Tensor pack_q4k_gguf(const Tensor& raw) {
+  check_input(raw, "pack_q4k_gguf: raw", at::kByte, 2);
+  TORCH_CHECK(raw.size(1) % 144 == 0, "pack_q4k_gguf: (N, K/256 x 144) Q4_K rows");
+  const int64_t N = raw.size(0), KS = raw.size(1) / 144, NBk = (N + kBlock - 1) / kBlock;
+  Tensor out = at::zeros({NBk, KS, kQ4KSuper}, raw.options());
+  const uint8_t* R = raw.data_ptr<uint8_t>();
+  uint8_t* O = out.data_ptr<uint8_t>();
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    uint8_t codes[256], sc[8], mn[8];
+    for (int64_t n = begin * kBlock; n < std::min(N, end * kBlock); ++n)
+      for (int64_t s = 0; s < KS; ++s) {
+        const uint8_t* p = R + (n * KS + s) * 144;
+        const uint8_t *q = p + 4, *qs = p + 16;
+        for (int j = 0; j < 8; ++j) {  // llama.cpp's get_scale_min_k4
+          sc[j] = j < 4 ? q[j] & 63 : static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+          mn[j] = j < 4 ? q[j + 4] & 63 : static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+        for (int c = 0; c < 8; ++c)
+          for (int t = 0; t < 32; ++t) codes[32 * c + t] = (qs[32 * (c / 2) + t] >> (4 * (c % 2))) & 0x0F;
+        uint16_t dh, mh;
+        std::memcpy(&dh, p, 2);
+        std::memcpy(&mh, p + 2, 2);
+        put_q4k(O + ((n / kBlock) * KS + s) * kQ4KSuper, n % kBlock, codes, sc, mn, dh, mh);
       }
-    }
-  }
+  });
   return out;
 }
 

@@ -22,6 +22,25 @@ constexpr int kQ6Rows = 6;  // rows of a tile: 3 accumulators a row and 9 tempor
 constexpr int kQ6Rows = 3;  // AVX2's 16 registers
 #endif
 
+// one output o's super-block s (8 blocks of 32) in pack_q6's layout: its 256 codes 0..63, 16 scales and
+// d as fp16 bits
+inline void put_q6(uint8_t* O, int64_t KB, int64_t nb, int64_t o, int64_t s, const uint8_t* codes, const int8_t* sc,
+                   uint16_t dh) {
+  for (int c = 0; c < 8; ++c) {
+    uint8_t* blk = O + (nb * KB + 8 * s + c) * kQ6Bytes;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t lo = codes[32 * c + 4 * j + i] & 0x3F, hi = codes[32 * c + 16 + 4 * j + i] & 0x3F;
+        blk[64 * j + 4 * o + i] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+        blk[256 + 4 * o + i] |= static_cast<uint8_t>((lo >> 4) << (2 * j));
+        blk[320 + 4 * o + i] |= static_cast<uint8_t>((hi >> 4) << (2 * j));
+      }
+    blk[384 + o] = static_cast<uint8_t>(sc[2 * c]);
+    blk[400 + o] = static_cast<uint8_t>(sc[2 * c + 1]);
+    std::memcpy(blk + 416 + 2 * o, &dh, 2);
+  }
+}
+
 // codes (N, K) uint8 0..63, sc (N, K/16) int8, d (N, K/256) float, K a multiple of 256 -> (ceil(N/16), K/32, 448)
 Tensor pack_q6(const Tensor& codes, const Tensor& sc, const Tensor& d) {
   check_input(codes, "pack_q6: codes", at::kByte, 2);
@@ -35,23 +54,45 @@ Tensor pack_q6(const Tensor& codes, const Tensor& sc, const Tensor& d) {
   const int8_t* S = sc.data_ptr<int8_t>();
   const float* D = d.data_ptr<float>();
   uint8_t* O = out.data_ptr<uint8_t>();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t nb = n / kBlock, o = n % kBlock;
-    for (int64_t b = 0; b < KB; ++b) {
-      uint8_t* blk = O + (nb * KB + b) * kQ6Bytes;
-      for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t lo = C[n * K + 32 * b + 4 * j + i] & 0x3F, hi = C[n * K + 32 * b + 16 + 4 * j + i] & 0x3F;
-          blk[64 * j + 4 * o + i] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
-          blk[256 + 4 * o + i] |= static_cast<uint8_t>((lo >> 4) << (2 * j));
-          blk[320 + 4 * o + i] |= static_cast<uint8_t>((hi >> 4) << (2 * j));
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {  // each 16 outputs' bytes are their own
+    for (int64_t n = begin * kBlock; n < std::min(N, end * kBlock); ++n)
+      for (int64_t s = 0; s < K / 256; ++s)
+        put_q6(O, KB, n / kBlock, n % kBlock, s, C + n * K + 256 * s, S + n * (K / 16) + 16 * s,
+               half_bits(D[n * (K / 256) + s]));
+  });
+  return out;
+}
+
+// a GGUF Q6_K tensor's rows as stored, (N, K/256 x 210) uint8 (per 256 weights: 128 bytes of low
+// nibbles, 64 of high bit pairs, 16 int8 scales, d in fp16; llama.cpp's dequantize_row_q6_K order)
+// -> pack_q6's layout, in one pass (the same bytes as pack_q6 of the decoded parts)
+Tensor pack_q6_gguf(const Tensor& raw) {
+  check_input(raw, "pack_q6_gguf: raw", at::kByte, 2);
+  TORCH_CHECK(raw.size(1) % 210 == 0, "pack_q6_gguf: (N, K/256 x 210) Q6_K rows");
+  const int64_t N = raw.size(0), KS = raw.size(1) / 210, KB = 8 * KS, NBk = (N + kBlock - 1) / kBlock;
+  Tensor out = at::zeros({NBk, KB, kQ6Bytes}, raw.options());
+  const uint8_t* R = raw.data_ptr<uint8_t>();
+  uint8_t* O = out.data_ptr<uint8_t>();
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    uint8_t codes[256];
+    for (int64_t n = begin * kBlock; n < std::min(N, end * kBlock); ++n)
+      for (int64_t s = 0; s < KS; ++s) {
+        const uint8_t* p = R + (n * KS + s) * 210;
+        for (int half = 0; half < 2; ++half) {  // 128 weights: 64 nibble bytes, 32 bit-pair bytes
+          const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
+          uint8_t* c = codes + 128 * half;
+          for (int l = 0; l < 32; ++l) {
+            c[l] = static_cast<uint8_t>((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
+            c[32 + l] = static_cast<uint8_t>((ql[32 + l] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+            c[64 + l] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            c[96 + l] = static_cast<uint8_t>((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4));
+          }
         }
-      blk[384 + o] = static_cast<uint8_t>(S[n * (K / 16) + 2 * b]);
-      blk[400 + o] = static_cast<uint8_t>(S[n * (K / 16) + 2 * b + 1]);
-      const uint16_t dh = half_bits(D[n * (K / 256) + b / 8]);
-      std::memcpy(blk + 416 + 2 * o, &dh, 2);
-    }
-  }
+        uint16_t dh;
+        std::memcpy(&dh, p + 208, 2);
+        put_q6(O, KB, n / kBlock, n % kBlock, s, codes, reinterpret_cast<const int8_t*>(p + 192), dh);
+      }
+  });
   return out;
 }
 
