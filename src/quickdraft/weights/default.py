@@ -21,7 +21,7 @@ from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir, folder_in_place
-from quickdraft.weights.gguf_convert import convert_bf16
+from quickdraft.weights.gguf_convert import convert_bf16, one_parse_per_file
 from quickdraft.weights.part_packages import PartPackages, join_parts
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -76,8 +76,9 @@ def convert_gguf(gguf: Path, target: Path, chat: bool = True) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with one_parse_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained(): rebuild a plain model from its config.
     config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
