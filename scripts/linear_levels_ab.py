@@ -53,6 +53,17 @@ def weights(ops, n: int, k: int) -> dict:
     }
 
 
+def kernel_calls(ops) -> dict:
+    """{form: (x, `weights`'s dict, n) -> the kernel's output}."""
+    return {
+        "q4k": lambda x, w, n: ops.linear_q4k(x, w["q4k"], n),
+        "w6a8": lambda x, w, n: ops.linear_w6a8(x, w["w6a8"], n),
+        "w4a8": lambda x, w, n: ops.linear_w4a8(x, w["w4a8"], n),
+        "w8a8": lambda x, w, n: ops.linear_w8a8(x, *w["w8a8"], n),
+        "bf16": lambda x, w, n: ops.linear_packed(x, w["bf16"], n),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("library", type=Path, help="a build's quickdraft_fused_<level>.so")
@@ -64,14 +75,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     ops = load(args.library)
-    calls = {
-        "q4k": lambda x, w, n: ops.linear_q4k(x, w["q4k"], n),
-        "w6a8": lambda x, w, n: ops.linear_w6a8(x, w["w6a8"], n),
-        "w4a8": lambda x, w, n: ops.linear_w4a8(x, w["w4a8"], n),
-        "w8a8": lambda x, w, n: ops.linear_w8a8(x, *w["w8a8"], n),
-        "bf16": lambda x, w, n: ops.linear_packed(x, w["bf16"], n),
-    }
-    calls = {form: calls[form] for form in args.forms.split(",")}
+    calls = {form: kernel_calls(ops)[form] for form in args.forms.split(",")}
     layer = {name: [weights(ops, n, k) for _ in range(COPIES)] for name, (n, k) in SHAPES.items()}
     out = {}
     for rows in map(int, args.rows.split(",")):

@@ -31,9 +31,7 @@ class W6A8Linear:
     __slots__ = ("shape", "packed", "_kernel")
 
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> None:
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("Q6_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        ops = _ops()
         if codes.dim() != 2 or codes.shape[1] % SUPER:
             shape = tuple(codes.shape)
             raise QuickdraftError(f"Q6_K codes must be (out, in) with in a multiple of {SUPER}, not {shape}")
@@ -46,9 +44,7 @@ class W6A8Linear:
     def from_gguf(cls, raw: torch.Tensor) -> W6A8Linear:
         """The linear of a GGUF Q6_K tensor's rows as stored, (out, in / 256 * 210) uint8, packed in one pass
         (the same bytes as the constructor's from `weights.gguf_weights.q6_k_blocks`)."""
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("Q6_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        ops = _ops()
         if raw.dim() != 2 or raw.shape[1] % 210:
             raise QuickdraftError(f"Q6_K rows must be (out, super-blocks * 210) bytes, not {tuple(raw.shape)}")
         self = cls.__new__(cls)
@@ -92,3 +88,10 @@ class W6A8Linear:
     @property
     def nbytes(self) -> int:
         return self.packed.numel()
+
+
+def _ops():
+    ops = kernels.fused_ops()
+    if ops is None:
+        raise QuickdraftError("Q6_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+    return ops

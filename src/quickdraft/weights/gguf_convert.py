@@ -155,21 +155,7 @@ def one_parse_per_file():
     import gguf
 
     originals = gguf.GGUFReader, gguf.get_tensor_name_map
-    parsed: dict = {}
-
-    def reader(path, mode="r"):
-        key = ("reader", str(path), mode)
-        if key not in parsed:
-            parsed[key] = originals[0](path, mode)
-        return parsed[key]
-
-    def name_map(arch, n_blocks):
-        key = ("names", arch, n_blocks)
-        if key not in parsed:
-            parsed[key] = originals[1](arch, n_blocks)
-        return parsed[key]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = (functools.cache(f) for f in originals)
     try:
         yield
     finally:

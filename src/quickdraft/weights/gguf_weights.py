@@ -138,7 +138,7 @@ def q8_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(out, -1).copy()), d
     # Q5_0 (llama.cpp's dequantize_row_q5_0): weight j < 16 is the low nibble of byte j, j >= 16 the
     # high nibble of byte j - 16, each with bit j of the 32-bit word qh as its fifth bit, less 16
-    b = torch.from_numpy(np.ascontiguousarray(blocks))
+    b = torch.from_numpy(np.array(blocks))  # a copy: the file's memory map is read-only
     bits = (b[..., 2:6, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # qh's bytes little-endian: bit j
     fifth = bits.reshape(*b.shape[:-1], 32) << 4
     qs = b[..., 6:22]
