@@ -1,12 +1,14 @@
-"""An independent draft model's default chain is llama.cpp's p-min (`Drafter.pmin`): up to 8
-tokens, stopped after one the draft is unsure of; any draft option given keeps the chain asked for."""
+"""An independent draft model's default chain (`Drafter.pmin`): up to 8 tokens, stopped where one more
+is not expected to pay on this host's costs (the "cost" schedule; llama.cpp's p-min, stopped after a
+token the draft gives p < 0.7, where the target has no curve); any draft option given keeps the chain
+asked for."""
 
 from __future__ import annotations
 
 import pytest
 
 from quickdraft import Engine
-from quickdraft.decoding.adaptive import ConfidenceStop, FixedLength
+from quickdraft.decoding.adaptive import ConfidenceStop, CostStop, FixedLength
 from quickdraft.options import options_from
 
 pytestmark = pytest.mark.usefixtures("flat_costs")
@@ -30,7 +32,17 @@ def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
     assert out.token_ids == plain.token_ids
     assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
     policy = _policy(engine)
-    assert isinstance(policy, ConfidenceStop) and (policy.gamma, policy.threshold) == (8, 0.7)
+    assert isinstance(policy, CostStop) and policy.gamma == 8
+    assert policy.curve == engine.parts.memo["host_costs"][0]  # priced by the host's measured curve
+
+
+def test_without_a_curve_the_chain_stops_at_p_min(tiny_model_dir):
+    """The reference runtime measures no verify curve: the p-min chain of llama.cpp's kind instead."""
+    engine = _engine(tiny_model_dir, runtime="hf")
+    out = engine.generate("abc", max_new_tokens=8)
+    assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
+    policy = _policy(engine)
+    assert type(policy) is ConfidenceStop and (policy.gamma, policy.threshold) == (8, 0.7)
 
 
 @pytest.mark.parametrize(

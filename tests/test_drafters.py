@@ -78,7 +78,7 @@ def test_model_drafter_resyncs_after_rejection_and_bonus():
 def test_confidence_stop_ends_the_draft_early():
     m = tiny_llama(init=0.01).model  # flat logits: top-1 probability ~1/V
     prop = ModelDrafter(CachedModel(m)).propose(
-        [1, 2], DraftRequest.chain(6, lambda logits: False), SamplingConfig(), None
+        [1, 2], DraftRequest.chain(6, lambda logits, depth: False), SamplingConfig(), None
     )
     assert len(prop) == 1
 

@@ -68,14 +68,18 @@ class StopConfig:
             raise QuickdraftError("stop strings must be non-empty strings")
 
 
+SCHEDULES = ("fixed", "heuristic", "confidence", "cost")
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """How many tokens to draft per round.
 
     Attributes:
         num_draft_tokens: gamma, the (initial, for adaptive schedules) draft length (>= 1).
-        schedule: "fixed", "heuristic" (transformers' +2 on full acceptance / -1 otherwise) or
-            "confidence" (stop drafting once the draft's top-1 probability falls below threshold).
+        schedule: "fixed", "heuristic" (transformers' +2 on full acceptance / -1 otherwise),
+            "confidence" (stop drafting once the draft's top-1 probability falls below threshold) or
+            "cost" (draft on while one more token is expected to pay on this host's measured costs).
         confidence_threshold: the threshold of the "confidence" schedule, in (0, 1).
         max_num_draft_tokens: upper bound for the heuristic schedule (default max(16, gamma)).
         tree: node budget of a draft tree (0 = a chain of num_draft_tokens; None = auto: a budget
@@ -103,8 +107,8 @@ class DraftConfig:
             raise QuickdraftError(f"draft length must be an integer >= 1, got {self.num_draft_tokens!r}")
         if self.max_num_draft_tokens is None:  # frozen: set the derived default once
             object.__setattr__(self, "max_num_draft_tokens", max(16, self.num_draft_tokens))
-        if self.schedule not in ("fixed", "heuristic", "confidence"):
-            raise QuickdraftError(f"unknown draft schedule {self.schedule!r}; choose fixed, heuristic or confidence")
+        if self.schedule not in SCHEDULES:
+            raise QuickdraftError(f"unknown draft schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
         if not (0.0 < self.confidence_threshold < 1.0):
             raise QuickdraftError(f"confidence threshold must be in (0, 1), got {self.confidence_threshold}")
         if self.max_num_draft_tokens < self.num_draft_tokens:

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from quickdraft.config import DTYPES
+from quickdraft.config import DTYPES, SCHEDULES
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import help_text
 from quickdraft.engine_config import EngineConfig, RequestOptions
@@ -70,15 +70,16 @@ OPTIONS: dict[str, Option] = {
             "draft_length",
             ("draft", "num_draft_tokens"),
             int,
-            "draft tokens per round, gamma (default 4; a draft model's chains: up to 8, stopped after a token "
-            "it gives p < 0.7, unless a draft option is given)",
+            "draft tokens per round, gamma (default 4; a draft model's chains: up to 8, stopped where one more "
+            "token is not expected to pay on this host's measured costs, unless a draft option is given)",
         ),
         Option(
             "draft_schedule",
             ("draft", "schedule"),
             str,
-            "fixed | heuristic (+2/-1) | confidence (stop after a token the draft gives p < threshold)",
-            ("fixed", "heuristic", "confidence"),
+            "fixed | heuristic (+2/-1) | confidence (stop after a token the draft gives p < threshold) | cost "
+            "(stop where one more token is not expected to pay on this host's verify curve and draft step)",
+            SCHEDULES,
             aliases=("schedule",),
         ),
         Option(

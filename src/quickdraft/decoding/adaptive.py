@@ -16,6 +16,7 @@ import torch
 from quickdraft.config import DraftConfig
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.tree import TreeShape
+from quickdraft.errors import QuickdraftError
 
 
 class DraftPolicy(Protocol):
@@ -65,12 +66,65 @@ class ConfidenceStop(FixedLength):
         super().__init__(num_draft_tokens)
         self.threshold = threshold
 
-    def keep_drafting(self, logits: torch.Tensor) -> bool:
+    def keep_drafting(self, logits: torch.Tensor, depth: int = 1) -> bool:
         return bool(torch.softmax(logits.float(), -1).max() >= self.threshold)
 
 
-def make_draft_policy(config: DraftConfig) -> DraftPolicy:
-    """A fresh policy (policies hold per-generation state) for the configured schedule."""
+class CostStop(FixedLength):
+    """Draft up to gamma tokens while one more is expected to raise the round's tokens per step on this
+    host (the "cost" schedule: the p-min chain sized from the host's costs, not from a fixed threshold).
+
+    After the chain's token n (top-1 probability p_n), the round is expected to commit E_n = 1 + sum_i
+    a_i tokens (a_i = p_1 ... p_i: the chance the first i drafts are all accepted; the 1 is the bonus or
+    correction) at a cost of C_n = curve(n + 1) + n d one-row target steps (d: one draft step). It drafts
+    on while E_{n+j} / C_{n+j} > E_n / C_n for some j <= lookahead, the next tokens taken to be as sure
+    as token n: on a flat verify curve chains run long, where each row costs a third of a step (AVX2)
+    they stop early. It only changes gamma, so decoding stays lossless.
+
+    Args:
+        curve: rows -> a verify forward's cost in one-row steps (`costs/cost_curve.py`).
+        draft_step: one draft forward, in one-row target steps.
+        num_draft_tokens: the longest chain.
+        lookahead: tokens looked ahead (a curve is not convex: one more row can cost nothing).
+    """
+
+    def __init__(self, curve: dict[int, float], draft_step: float, num_draft_tokens: int, lookahead: int = 2) -> None:
+        super().__init__(num_draft_tokens)
+        self.curve, self.step, self.lookahead = curve, draft_step, lookahead
+        self._reach = self._tokens = 1.0
+
+    def cost(self, drafted: int) -> float:
+        """A round of `drafted` chain tokens, in one-row target steps."""
+        from quickdraft.costs.cost_curve import relative_cost
+
+        return relative_cost(self.curve, drafted + 1) + drafted * self.step
+
+    def keep_drafting(self, logits: torch.Tensor, depth: int = 1) -> bool:
+        return self.keep(float(torch.softmax(logits.float(), -1).max()), depth)
+
+    def keep(self, p: float, depth: int) -> bool:
+        """Whether to draft token depth + 1, having drafted token `depth` (1 starts a chain) at top-1 p."""
+        if depth == 1:
+            self._reach = self._tokens = 1.0
+        self._reach *= p
+        self._tokens += self._reach
+        now = self._tokens / self.cost(depth)
+        reach, tokens = self._reach, self._tokens
+        for ahead in range(1, self.lookahead + 1):
+            reach *= p
+            tokens += reach
+            if tokens / self.cost(depth + ahead) > now:
+                return True
+        return False
+
+
+def make_draft_policy(config: DraftConfig, costs: tuple[dict[int, float], float] | None = None) -> DraftPolicy:
+    """A fresh policy (policies hold per-generation state) for the configured schedule; `costs` (this
+    host's verify curve and draft step: `host_costs` in decoding/parts.py) prices the "cost" schedule."""
+    if config.schedule == "cost":
+        if costs is None:
+            raise QuickdraftError("the cost draft schedule needs this host's measured costs (a native target)")
+        return CostStop(costs[0], costs[1], config.num_draft_tokens)
     if config.schedule == "heuristic":
         return HeuristicLength(config.num_draft_tokens, config.max_num_draft_tokens)
     if config.schedule == "confidence":

@@ -68,7 +68,7 @@ class PearlDecoder:
         config: PearlConfig,
         gamma: int,
         events: dict[str, int] | None = None,
-        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
+        keep_drafting: Callable[[torch.Tensor, int], bool] | None = None,
     ) -> None:
         self.target, self.drafter, self.verifier, self.gamma = target, drafter, verifier, gamma
         self.config = config.resolved(parallel=False)  # as given; auto pre-verify is off in one process

@@ -17,7 +17,15 @@ from quickdraft.costs.timing import step_seconds
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.parts import DecodeParts, auto_width, draft_cost, drafting, host_costs, round_cost
+from quickdraft.decoding.parts import (
+    DecodeParts,
+    auto_width,
+    chain_costs,
+    draft_cost,
+    drafting,
+    host_costs,
+    round_cost,
+)
 from quickdraft.decoding.pearl import DEFAULT_GAMMA, PearlDecoder, gamma_from_costs
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters.base import drafter_step_seconds, reads_target
@@ -112,8 +120,9 @@ def with_guard(decoder, parts: DecodeParts, chain: bool, sampling: SamplingConfi
 def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
     """(the chain `sd` drafts, and by whose schedule PEARL's window stops; events): the configured
     draft, or, when every draft option is left at its default (`draft_tree` auto: `options_from` makes
-    it 0 once a length or schedule is given) and the drafter has no gain table, its p-min chain
-    (`Drafter.pmin`, a draft model's: up to N tokens, stopped after one it gives top-1 probability < P)."""
+    it 0 once a length or schedule is given) and the drafter has no gain table, a draft model's auto
+    chain (`Drafter.pmin`: up to N tokens): priced by this host's costs (the "cost" schedule) where
+    the target has a verify-cost curve, else stopped after a token it gives top-1 probability < P."""
     draft, d = parts.config.draft, DraftConfig  # its defaults (class attributes of the dataclass)
     chain = (draft.num_draft_tokens, draft.schedule, draft.confidence_threshold)
     if draft.tree is not None or chain != (d.num_draft_tokens, d.schedule, d.confidence_threshold):
@@ -121,7 +130,8 @@ def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
     if parts.drafter is None or parts.drafter.pmin is None or parts.drafter.tree_gain:
         return draft, {}
     length, threshold = parts.drafter.pmin
-    config = replace(draft, num_draft_tokens=length, schedule="confidence", confidence_threshold=threshold, tree=0)
+    schedule = "cost" if parts.target.supports_trees else "confidence"
+    config = replace(draft, num_draft_tokens=length, schedule=schedule, confidence_threshold=threshold, tree=0)
     return config, {"draft_pmin_auto": length}
 
 
@@ -140,7 +150,8 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
         shape = TreeShape(budget, width, draft.tree_widths)
         return with_guard(SpeculativeDecoder.tree(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
-    decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: make_draft_policy(draft), events)
+    policy = lambda: make_draft_policy(draft, chain_costs(parts))  # noqa: E731
+    decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, policy, events)
     return with_guard(decoder, parts, True, sampling)
 
 
@@ -162,7 +173,7 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         parts.memo["pearl_declined"] = True
     if not parts.config.pearl.parallel or declined:
         draft, events = auto_chain(parts)  # a confidence schedule (the p-min default) ends a window early
-        keep = make_draft_policy(draft).keep_drafting
+        keep = make_draft_policy(draft, chain_costs(parts)).keep_drafting
         gamma = pearl_gamma(parts, parallel=False)
         if keep is not None and parts.config.pearl.gamma is None:  # unsure drafts stop it: the window may be long
             gamma = max(gamma, draft.num_draft_tokens)

@@ -25,8 +25,9 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.verifiers.tree import TokenTree
 
-# Called with the draft's raw logits row (V,) after each drafted token; False stops the round.
-KeepDrafting = Callable[[torch.Tensor], bool]
+# Called with the draft's raw logits row (V,) after each drafted token and the chain's length so far
+# (1 after its first token: a policy with per-chain state starts afresh); False stops the round.
+KeepDrafting = Callable[[torch.Tensor, int], bool]
 
 
 @dataclass(frozen=True)

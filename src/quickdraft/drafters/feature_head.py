@@ -118,7 +118,7 @@ class FeatureHeadDrafter(FeatureRows):
         while True:
             logits = self.lm.logits(pred)[0]  # (V,)
             tokens.append(draft_token(logits, sampling, generator, q_rows))
-            if len(tokens) == request.budget or (keep is not None and not keep(logits)):
+            if len(tokens) == request.budget or (keep is not None and not keep(logits, len(tokens))):
                 break
             pred = self._rows(pred, torch.tensor(tokens[-1:]))
         self.kv.rollback(committed)  # drop the rows built on predicted features

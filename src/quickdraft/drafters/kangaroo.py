@@ -144,7 +144,7 @@ class KangarooDrafter(Drafter):
             confident = float(torch.softmax(logits.float(), -1).max()) >= self.eta  # second early exit
             if len(tokens) == num_draft_tokens or not confident:
                 break
-            if request.keep_drafting is not None and not request.keep_drafting(logits):
+            if request.keep_drafting is not None and not request.keep_drafting(logits, len(tokens)):
                 break
         self.kv.rollback(committed)
         return draft_path(tokens, q_rows, shallow=torch.cat(shallow))

@@ -108,7 +108,7 @@ class ModelDrafter(Drafter):
         while True:
             token = draft_token(logits, sampling, generator, q_rows)
             tokens.append(token)
-            if len(tokens) == k or (keep is not None and not keep(logits)):
+            if len(tokens) == k or (keep is not None and not keep(logits, len(tokens))):
                 break
             logits = self.model.extend([token], last_only=True)[-1]
         return draft_path(tokens, q_rows)
