@@ -180,6 +180,20 @@ def test_packed_bf16_linear_equals_f_linear(rows, shape, ops):
 
 
 @needs_ops
+@pytest.mark.parametrize("shape", [(37, 23), (32, 64)])
+def test_pack_bf16_lays_out_16_outputs_by_input_pairs(shape, ops):
+    """(ceil(N/16), ceil(K/2), 16, 2), zero-padded: the layout `linear_packed` reads, element for element,
+    from a strided weight too."""
+    w = torch.randn(shape, dtype=torch.bfloat16)
+    n, k = shape
+    padded = torch.zeros(-(-n // 16) * 16, -(-k // 2) * 2, dtype=torch.bfloat16)
+    padded[:n, :k] = w
+    want = padded.view(-1, 16, padded.shape[1] // 2, 2).permute(0, 2, 1, 3)
+    assert torch.equal(ops.pack_bf16(w), want) and torch.equal(ops.pack_bf16(w.t().contiguous().t()), want)
+    assert not torch.equal(ops.pack_bf16(w), padded.view(want.shape))  # the control: rows not interleaved
+
+
+@needs_ops
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_native_forward_through_the_kernels_equals_the_torch_path(dtype, monkeypatch):
     target = tiny_llama(dtype=dtype, layers=3)

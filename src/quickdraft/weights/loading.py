@@ -7,6 +7,7 @@ is converted once by `weights.default`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import dataclass
@@ -83,11 +84,35 @@ def load_model(path: str | None, dtype: str = "bfloat16") -> LoadedModel:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise QuickdraftError(f"cannot load a causal LM from {path}: {str(exc).splitlines()[0]}") from exc
+    return LoadedModel(model=model.eval(), tokenizer=_tokenizer(folder), name=name, source=folder, gguf=gguf)
+
+
+_TOKENIZERS: dict[tuple, object] = {}
+
+
+def _tokenizer(folder: Path):
+    """The folder's tokenizer or None, parsed once a process while its files are unchanged (a third of
+    a second each time for the default model's): each caller gets its own shallow copy (its attributes
+    its own, the Rust tokenizer shared, which encoding does not change)."""
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix not in (".safetensors", ".bin", ".gguf"))
+    stamp = tuple((f.name, f.stat().st_mtime_ns) for f in files)
+    key = (str(folder.resolve()), stamp)
+    if key not in _TOKENIZERS:
+        try:
+            _TOKENIZERS[key] = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            _TOKENIZERS[key] = None
+    cached = _TOKENIZERS[key]
+    return None if cached is None else copy.copy(cached)
+
+
+def _no_init():
+    """transformers' context that skips weight initialisation (torch's and its own), where it has one."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        tokenizer = None
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, source=folder, gguf=gguf)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # an older transformers: initialise as before
+        return contextlib.nullcontext()
+    return no_init_weights()
 
 
 def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | None = None) -> LoadedModel:
@@ -103,7 +128,8 @@ def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | No
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]
-    draft = AutoModelForCausalLM.from_config(config, dtype=dtype or target.model.dtype)
+    with _no_init():  # every weight is loaded next: a random init cost 1.4 s a copy of the default model
+        draft = AutoModelForCausalLM.from_config(config, dtype=dtype or target.model.dtype)
     missing, _ = draft.load_state_dict(target.model.state_dict(), strict=False)
     if [m for m in missing if "rotary" not in m]:
         raise QuickdraftError(f"truncated copy is missing weights: {missing[:3]}")

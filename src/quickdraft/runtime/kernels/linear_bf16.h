@@ -120,9 +120,21 @@ Tensor pack_bf16(const Tensor& weight) {
               "pack_bf16: a (N, K) bf16 CPU weight");
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t NBk = (N + kBlock - 1) / kBlock, K2 = (K + 1) / 2;
-  Tensor padded = at::zeros({NBk * kBlock, K2 * 2}, weight.options());
-  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
-  return padded.view({NBk, kBlock, K2, 2}).permute({0, 2, 1, 3}).contiguous();
+  const Tensor w = weight.contiguous();
+  Tensor out = at::zeros({NBk, K2, kBlock, 2}, weight.options());
+  const uint16_t* W = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  uint16_t* O = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  // each 16 outputs' (K2, 16, 2) block is written by one thread, row by row (a permuted copy through
+  // torch took 2 ms a 576 x 1536 weight: a fifth of loading the default model)
+  at::parallel_for(0, NBk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nb = begin; nb < end; ++nb)
+      for (int64_t o = 0; o < kBlock && nb * kBlock + o < N; ++o) {
+        const uint16_t* row = W + (nb * kBlock + o) * K;
+        uint16_t* dst = O + nb * K2 * 2 * kBlock + 2 * o;
+        for (int64_t k = 0; k < K; ++k) dst[(k >> 1) * 2 * kBlock + (k & 1)] = row[k];
+      }
+  });
+  return out;
 }
 
 // x (M, K) bf16, packed from pack_bf16 of a (N, K) weight -> (M, N) bf16
