@@ -178,7 +178,9 @@ def test_the_real_pair_speculates_and_equals_plain_decoding():
     plain = generate(prompt, method="ar", **common)
     sd = generate(prompt, method="sd", drafter="model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768", **common)
     assert len(plain.token_ids) == 40 and sd.token_ids == plain.token_ids
-    assert sd.stats.num_accepted_draft_tokens > 10 and sd.stats.num_target_forwards < 20
+    # chains priced by this host's costs: 1-2 tokens where a row costs a third of a step (AVX2), longer
+    # on a flat curve; either way most of 40 tokens come two or more a forward
+    assert sd.stats.num_accepted_draft_tokens > 10 and sd.stats.num_target_forwards < 30
 
 
 def test_a_cascade_hands_the_engine_dtype_to_its_model_levels():

@@ -14,13 +14,12 @@ import torch
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.costs.batch_costs import BATCHES, batch_cost_surface, fit_max_batch
 from quickdraft.decoding import Generators
-from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
-from quickdraft.decoding.parts import DecodeParts, chain_costs, draft_cost, round_cost
-from quickdraft.decoding.registry import METHODS, auto_chain, pearl_gamma
+from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
+from quickdraft.decoding.registry import METHODS, auto_chain, draft_policy, pearl_gamma
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
@@ -202,7 +201,7 @@ class Engine:
         auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
         gain = drafter.tree_gain if auto else None
         fixed = 0 if drafter is None or auto else (draft.tree or draft.num_draft_tokens)
-        keep = make_draft_policy(draft, chain_costs(self.parts)).keep_drafting if pmin else None  # lone-row prices
+        keep = draft_policy(self.parts, draft).keep_drafting if pmin else None  # priced as a lone row's
         if "batch_surface" not in self.parts.memo:
             name = self.target_info.name or ""
             probe = lambda: BatchedTarget(self.target, max(BATCHES))  # noqa: E731

@@ -135,6 +135,12 @@ def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
     return config, {"draft_pmin_auto": length}
 
 
+def draft_policy(parts: DecodeParts, draft: DraftConfig):
+    """A fresh draft-length policy for `draft`; the "cost" schedule priced by this host's measured
+    costs (measured only for it: a fixed chain with the guard off measures nothing)."""
+    return make_draft_policy(draft, chain_costs(parts) if draft.schedule == "cost" else None)
+
+
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
     draft, chain_events = auto_chain(parts)
     budget, events = (draft.tree, {}) if draft.tree is not None else auto_tree_budget(parts, sampling)
@@ -150,8 +156,7 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
         shape = TreeShape(budget, width, draft.tree_widths)
         return with_guard(SpeculativeDecoder.tree(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
-    policy = lambda: make_draft_policy(draft, chain_costs(parts))  # noqa: E731
-    decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, policy, events)
+    decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: draft_policy(parts, draft), events)
     return with_guard(decoder, parts, True, sampling)
 
 
@@ -173,7 +178,7 @@ def _pearl(parts: DecodeParts, sampling: SamplingConfig):
         parts.memo["pearl_declined"] = True
     if not parts.config.pearl.parallel or declined:
         draft, events = auto_chain(parts)  # a confidence schedule (the p-min default) ends a window early
-        keep = make_draft_policy(draft, chain_costs(parts)).keep_drafting
+        keep = draft_policy(parts, draft).keep_drafting
         gamma = pearl_gamma(parts, parallel=False)
         if keep is not None and parts.config.pearl.gamma is None:  # unsure drafts stop it: the window may be long
             gamma = max(gamma, draft.num_draft_tokens)
