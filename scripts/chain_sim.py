@@ -24,9 +24,8 @@ import statistics
 
 import torch
 
-from quickdraft.costs.cost_curve import relative_cost
 from quickdraft.decoding.adaptive import CostStop
-from quickdraft.decoding.parts import host_costs
+from quickdraft.decoding.parts import host_costs, round_cost
 from quickdraft.engine import Engine
 from quickdraft.options import options_from
 
@@ -49,8 +48,9 @@ def teacher_forced(drafter, prompt: list[int], out: list[int]) -> tuple[list[flo
     return top.values.tolist(), [int(i) == t for i, t in zip(top.indices.tolist(), out, strict=True)]
 
 
-def replay(seqs, keep_factory, cap: int, curve, step: float) -> tuple[float, float]:
-    """(tokens per one-row step, tokens per round) of chains up to `cap` stopped by keep_factory()."""
+def replay(seqs, keep_factory, cap: int, price) -> tuple[float, float]:
+    """(tokens per one-row step, tokens per round) of chains up to `cap` stopped by keep_factory(), each
+    round priced by price(rows, drafted) (`round_cost`: what the draft guard and the cost schedule read)."""
     tokens = cost = rounds = 0.0
     for ps, hits in seqs:
         t = 0
@@ -66,7 +66,7 @@ def replay(seqs, keep_factory, cap: int, curve, step: float) -> tuple[float, flo
                     break
             committed = min(accepted + 1, len(ps) - t)
             tokens, rounds = tokens + committed, rounds + 1
-            cost += relative_cost(curve, n + 1) + n * step
+            cost += price(n + 1, n)
             t += committed
     return tokens / cost, tokens / rounds
 
@@ -81,6 +81,7 @@ def main() -> None:
     torch.set_num_threads(2)
     engine = Engine.load(args.target, options_from(dict(method="sd", quantize="w4a8", drafter=args.drafter, threads=2)))
     curve, step, _ = host_costs(engine.parts)
+    price = round_cost(engine.parts, True)
     print(f"curve (one-row steps): { {k: round(v, 2) for k, v in sorted(curve.items())} }; draft step {step:.3f}")
     seqs = [teacher_forced(engine.drafter, p, o) for p, o in outputs(args.results)[: args.limit]]
     flat = [(p, h) for ps, hs in seqs for p, h in zip(ps, hs, strict=True)]
@@ -94,9 +95,9 @@ def main() -> None:
     for n, thr in ((8, 0.5), (8, 0.7), (8, 0.8), (8, 0.9), (4, 0.7), (3, 0.7)):
         rules[f"p-min {n}/{thr}"] = ((lambda thr=thr: lambda p, n: p >= thr), n)
     for cap in (8, 16):
-        rules[f"cost {cap}"] = ((lambda cap=cap: CostStop(curve, step, cap).keep), cap)
+        rules[f"cost {cap}"] = ((lambda cap=cap: CostStop(price, cap).keep), cap)
     for name, (factory, cap) in rules.items():
-        rate, per_round = replay(seqs, factory, cap, curve, step)
+        rate, per_round = replay(seqs, factory, cap, price)
         print(f"{name:>16}: {rate:.3f} tokens a step (x plain), {per_round:.2f} tokens a round")
 
 

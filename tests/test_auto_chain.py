@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from quickdraft import Engine
+from quickdraft.costs.cost_curve import relative_cost
 from quickdraft.decoding.adaptive import ConfidenceStop, CostStop, FixedLength
 from quickdraft.options import options_from
 
@@ -33,7 +34,8 @@ def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
     assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
     policy = _policy(engine)
     assert isinstance(policy, CostStop) and policy.gamma == 8
-    assert policy.curve == engine.parts.memo["host_costs"][0]  # priced by the host's measured curve
+    curve = engine.parts.memo["host_costs"][0]  # priced by the host's measured curve
+    assert all(policy.cost(rows, 0) == relative_cost(curve, rows) for rows in (1, 2, 5, 9))
 
 
 def test_without_a_curve_the_chain_stops_at_p_min(tiny_model_dir):

@@ -9,6 +9,7 @@ a batch's is `decoding/batch_plan.BatchPlan`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -76,28 +77,22 @@ class CostStop(FixedLength):
 
     After the chain's token n (top-1 probability p_n), the round is expected to commit E_n = 1 + sum_i
     a_i tokens (a_i = p_1 ... p_i: the chance the first i drafts are all accepted; the 1 is the bonus or
-    correction) at a cost of C_n = curve(n + 1) + n d one-row target steps (d: one draft step). It drafts
+    correction) at a cost of C_n = cost(n + 1 rows, n nodes) one-row target steps (the verify curve plus
+    the draft steps: `round_cost` in decoding/parts.py, the draft guard's price of a round). It drafts
     on while E_{n+j} / C_{n+j} > E_n / C_n for some j <= lookahead, the next tokens taken to be as sure
     as token n: on a flat verify curve chains run long, where each row costs a third of a step (AVX2)
     they stop early. It only changes gamma, so decoding stays lossless.
 
     Args:
-        curve: rows -> a verify forward's cost in one-row steps (`costs/cost_curve.py`).
-        draft_step: one draft forward, in one-row target steps.
+        cost: (rows verified, nodes drafted) -> a round's cost in one-row target steps.
         num_draft_tokens: the longest chain.
         lookahead: tokens looked ahead (a curve is not convex: one more row can cost nothing).
     """
 
-    def __init__(self, curve: dict[int, float], draft_step: float, num_draft_tokens: int, lookahead: int = 2) -> None:
+    def __init__(self, cost: Callable[[int, int], float], num_draft_tokens: int, lookahead: int = 2) -> None:
         super().__init__(num_draft_tokens)
-        self.curve, self.step, self.lookahead = curve, draft_step, lookahead
+        self.cost, self.lookahead = cost, lookahead
         self._reach = self._tokens = 1.0
-
-    def cost(self, drafted: int) -> float:
-        """A round of `drafted` chain tokens, in one-row target steps."""
-        from quickdraft.costs.cost_curve import relative_cost
-
-        return relative_cost(self.curve, drafted + 1) + drafted * self.step
 
     def keep_drafting(self, logits: torch.Tensor, depth: int = 1) -> bool:
         return self.keep(float(torch.softmax(logits.float(), -1).max()), depth)
@@ -108,23 +103,23 @@ class CostStop(FixedLength):
             self._reach = self._tokens = 1.0
         self._reach *= p
         self._tokens += self._reach
-        now = self._tokens / self.cost(depth)
+        now = self._tokens / self.cost(depth + 1, depth)
         reach, tokens = self._reach, self._tokens
         for ahead in range(1, self.lookahead + 1):
             reach *= p
             tokens += reach
-            if tokens / self.cost(depth + ahead) > now:
+            if tokens / self.cost(depth + ahead + 1, depth + ahead) > now:
                 return True
         return False
 
 
-def make_draft_policy(config: DraftConfig, costs: tuple[dict[int, float], float] | None = None) -> DraftPolicy:
-    """A fresh policy (policies hold per-generation state) for the configured schedule; `costs` (this
-    host's verify curve and draft step: `host_costs` in decoding/parts.py) prices the "cost" schedule."""
+def make_draft_policy(config: DraftConfig, cost: Callable[[int, int], float] | None = None) -> DraftPolicy:
+    """A fresh policy (policies hold per-generation state) for the configured schedule; `cost` (a round's
+    price on this host: `round_cost` in decoding/parts.py) prices the "cost" schedule."""
     if config.schedule == "cost":
-        if costs is None:
+        if cost is None:
             raise QuickdraftError("the cost draft schedule needs this host's measured costs (a native target)")
-        return CostStop(costs[0], costs[1], config.num_draft_tokens)
+        return CostStop(cost, config.num_draft_tokens)
     if config.schedule == "heuristic":
         return HeuristicLength(config.num_draft_tokens, config.max_num_draft_tokens)
     if config.schedule == "confidence":

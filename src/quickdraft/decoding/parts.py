@@ -92,15 +92,6 @@ def drafting(parts: DecodeParts) -> tuple[float | None, float]:
     return parts.memo["drafting"]
 
 
-def chain_costs(parts: DecodeParts) -> tuple[dict[int, float], float] | None:
-    """(the verify-cost curve, a draft step in one-row target steps): what prices the "cost" chain
-    schedule (`decoding/adaptive.CostStop`); None where the target has no curve (not the native runtime)."""
-    if not parts.target.supports_trees:
-        return None
-    curve, step, _ = host_costs(parts)
-    return curve, step or 0.0
-
-
 def draft_cost(parts: DecodeParts, chain: bool) -> Callable[[int], float]:
     """nodes drafted -> what drafting them costs, in one-row target steps: a model drafter's
     forwards at their measured step (one per chain token; one per expanded level of a tree), plus

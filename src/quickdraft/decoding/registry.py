@@ -20,7 +20,6 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.parts import (
     DecodeParts,
     auto_width,
-    chain_costs,
     draft_cost,
     drafting,
     host_costs,
@@ -136,9 +135,11 @@ def auto_chain(parts: DecodeParts) -> tuple[DraftConfig, dict[str, int]]:
 
 
 def draft_policy(parts: DecodeParts, draft: DraftConfig):
-    """A fresh draft-length policy for `draft`; the "cost" schedule priced by this host's measured
-    costs (measured only for it: a fixed chain with the guard off measures nothing)."""
-    return make_draft_policy(draft, chain_costs(parts) if draft.schedule == "cost" else None)
+    """A fresh draft-length policy for `draft`; the "cost" schedule priced as the draft guard prices a
+    chain's round (measured only for it: a fixed chain with the guard off measures nothing; a target
+    without a curve, not the native runtime, gets no price and the schedule is refused)."""
+    priced = draft.schedule == "cost" and parts.target.supports_trees
+    return make_draft_policy(draft, round_cost(parts, True) if priced else None)
 
 
 def _sd(parts: DecodeParts, sampling: SamplingConfig):
