@@ -200,6 +200,9 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
         seqs = sorted(law)
         observed = torch.tensor([counts[s] for s in seqs], dtype=torch.float64)
         expected = torch.tensor([law[s] for s in seqs], dtype=torch.float64) * n
+        rare = expected < 5  # pooled into one cell: one draw of a 1-in-10^5 sequence must not decide the test
+        observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
+        expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
         return float(chisquare(observed.numpy(), expected.numpy()).pvalue), sum(
             c.stats.num_accepted_draft_tokens for c in got
         )

@@ -74,6 +74,33 @@ def test_sample_respects_support():
     assert set(draws.tolist()) <= {1, 3}
 
 
+def _law_pvalue(draws: torch.Tensor, law: torch.Tensor) -> float:
+    from scipy.stats import chisquare
+
+    counts = torch.bincount(draws, minlength=len(law)).double()
+    assert counts[law == 0].sum() == 0  # a zero-probability id is never drawn
+    keep = law > 0
+    return float(chisquare(counts[keep].numpy(), (law[keep] * len(draws)).numpy()).pvalue)
+
+
+def test_sample_has_each_rows_law_and_a_wrong_law_fails():
+    law = torch.tensor([0.0, 0.05, 0.3, 0.0, 0.15, 0.5, 0.0])  # zeros at both ends and inside
+    other = torch.tensor([0.0, 0.1, 0.25, 0.0, 0.15, 0.5, 0.0])
+    rows = torch.stack([law, other]).repeat(20_000, 1)  # (40000, 7): alternating rows, one draw each
+    draws = sample(rows, torch.Generator().manual_seed(1))
+    assert _law_pvalue(draws[0::2], law) > 1e-4 and _law_pvalue(draws[1::2], other) > 1e-4
+    assert _law_pvalue(draws[1::2], law) < 1e-6  # negative control: the other row's draws fail this law
+    unnormalised = sample((3 * law).expand(20_000, 7), torch.Generator().manual_seed(2))
+    assert _law_pvalue(unnormalised, law) > 1e-4
+
+
+@pytest.mark.parametrize("r, expected", [(0.0, 5), (1.0 - 2.0**-53, 1)])
+def test_sample_at_the_uniforms_extremes_stays_inside_the_support(monkeypatch, r, expected):
+    law = torch.tensor([[0.0, 0.05, 0.3, 0.0, 0.15, 0.5, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full((1, 1), r, dtype=torch.float64))
+    assert sample(law, None).item() == expected
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(temperature=-0.1), dict(temperature=math.nan), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)],
