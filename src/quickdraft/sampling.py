@@ -67,8 +67,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     The row's running sums (accumulated and kept in float64) are searched for u = (1 - r) x total, r
     uniform in [0, 1) from `generator`: the first id whose sum reaches u. u lies in (0, total], so a
     zero-probability id (equal sums on both sides) is never drawn and the search never runs off the
-    end. One uniform a row: torch.multinomial draws one exponential an id, 1.0 against 0.07 ms for a
-    32,768-id row, 4.9 against 0.3 ms for 151,936 (2 threads, AMD EPYC).
+    end. One uniform a row: torch.multinomial draws one exponential an id, 1.16 against 0.12 ms for a
+    32,768-id row, 5.1 against 0.26 ms for 151,936 (2 threads, AMD EPYC AVX2; docs/benchmarks.md).
     """
     flat = probs.reshape(-1, probs.shape[-1])
     cdf = flat.cumsum(-1, dtype=torch.float64)  # (R, V)
