@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+
 import torch
+from scipy.stats import chisquare
 
 from quickdraft.sampling import sample
 from quickdraft.types import Verdict
 from quickdraft.verifiers.base import Verifier
+
+
+def law_pvalue(counts: Mapping[Hashable, int], law: Mapping[Hashable, float], n: int) -> tuple[float, int]:
+    """(chi-square p-value, cells kept apart) of n outcomes' counts against their exact law, the outcomes
+    expected under 5 times pooled into one cell: one draw of a 1-in-10^5 outcome must not decide a test."""
+    big = [s for s in sorted(law, key=law.get, reverse=True) if law[s] * n >= 5]
+    observed = [counts.get(s, 0) for s in big] + [n - sum(counts.get(s, 0) for s in big)]
+    expected = [law[s] * n for s in big] + [n * (1 - sum(law[s] for s in big))]
+    return float(chisquare(observed, expected).pvalue), len(big)
 
 
 class Named(Verifier):

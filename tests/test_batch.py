@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
@@ -32,6 +31,7 @@ from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.loading import LoadedModel, truncated_copy
 
 from conftest import tiny_llama, tiny_text_model
+from oracles import law_pvalue
 
 GREEDY = SamplingConfig()
 
@@ -197,15 +197,7 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
         counts = {seq: 0 for seq in law}
         for c in got:
             counts[tuple(c.tokens)] += 1
-        seqs = sorted(law)
-        observed = torch.tensor([counts[s] for s in seqs], dtype=torch.float64)
-        expected = torch.tensor([law[s] for s in seqs], dtype=torch.float64) * n
-        rare = expected < 5  # pooled into one cell: one draw of a 1-in-10^5 sequence must not decide the test
-        observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
-        expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-        return float(chisquare(observed.numpy(), expected.numpy()).pvalue), sum(
-            c.stats.num_accepted_draft_tokens for c in got
-        )
+        return law_pvalue(counts, law, n)[0], sum(c.stats.num_accepted_draft_tokens for c in got)
 
     pvalue, accepted = chi2_pvalue()
     assert pvalue > 1e-4 and accepted > 0  # speculation happened
