@@ -107,6 +107,32 @@ def test_trie_scores_are_empirical_path_probabilities_and_prefix_closed():
         assert all(p[:-1] in paths for p in paths if len(p) > 1)
 
 
+def _naive_trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
+    """Every prefix of every row counted one by one; best by (-score, length, path): ids past 255 too (the
+    old ranking compared ids' bytes, so 256 came before 1 among equals)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for row in rows.tolist():
+        for d in range(1, len(row) + 1):
+            if row[d - 1] < 0:
+                break
+            counts[tuple(row[:d])] = counts.get(tuple(row[:d]), 0) + 1
+    ranked = sorted(counts, key=lambda path: (-counts[path], len(path), path))[:budget]
+    return {path: counts[path] / len(rows) for path in ranked}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.sampled_from([0, 1, 255, 256, 65793]), min_size=4, max_size=4), min_size=1, max_size=30),
+    ends=st.lists(st.integers(0, 4), min_size=30, max_size=30),
+    budget=st.integers(1, 40),
+)
+def test_trie_scores_equal_counting_every_prefix(rows, ends, budget):
+    table = np.array(rows, dtype=np.int64)
+    for i, end in enumerate(ends[: len(rows)]):  # a row's text may stop early (-1 after it), even at once
+        table[i, end:] = -1
+    assert trie_scores(table, budget) == _naive_trie_scores(table, budget)
+
+
 def test_merge_keeps_the_best_score_and_the_tree_is_parent_first():
     merged = merge_scores([{(1,): 0.5, (1, 2): 0.4}, {(3,): 0.9, (1,): 0.2}], budget=2)
     assert merged == [(3,), (1,)]

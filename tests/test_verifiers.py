@@ -71,7 +71,7 @@ def test_draft_equal_to_target_accepts_everything():
 def test_zero_target_probability_is_never_accepted_even_with_u_zero(monkeypatch):
     p = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]], dtype=torch.float64)
     q = torch.tensor([[[1.0, 0.0]]], dtype=torch.float64)
-    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(1, 1, dtype=torch.float64))
+    monkeypatch.setattr(torch, "rand", lambda *size, **k: torch.zeros(*size, dtype=torch.float64))  # u = 0
     v = speculative_verify(torch.tensor([[0]]), q, p, torch.Generator().manual_seed(0))
     assert v.num_accepted.tolist() == [0]
     assert v.next_tokens.tolist() == [1]  # the residual lies in p's support

@@ -16,20 +16,26 @@ def _prob_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
+def filters(top_k: int, top_p: float, vocab: int) -> bool:
+    """Whether top-k or top-p removes any of `vocab` tokens."""
+    return 0 < top_k < vocab or top_p < 1.0
+
+
 def support(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
     """The tokens top-k then top-p keep, from temperature-scaled logits x: (..., V) bool, or None (all)."""
     vocab = x.shape[-1]
-    if not 0 < top_k < vocab and top_p >= 1.0:
+    if not filters(top_k, top_p, vocab):
         return None
-    keep = torch.ones_like(x, dtype=torch.bool)
+    keep = None
     if 0 < top_k < vocab:
-        keep &= x >= torch.topk(x, top_k, dim=-1).values[..., -1:]
+        keep = x >= torch.topk(x, top_k, dim=-1).values[..., -1:]
     if top_p < 1.0:  # the smallest most-likely set whose mass reaches top_p (at least one token)
-        probs = torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+        probs = torch.softmax(x if keep is None else x.masked_fill(~keep, float("-inf")), dim=-1)
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
         keep_sorted[..., 0] = True
-        keep &= torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        nucleus = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        keep = nucleus if keep is None else keep & nucleus
     return keep
 
 
@@ -40,9 +46,11 @@ def processed_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tens
     if config.greedy:
         raise ValueError("processed_logits needs a temperature > 0 (greedy has no logits to process)")
     x = logits.to(_prob_dtype(logits)) / config.temperature
+    if not filters(config.top_k, config.top_p, x.shape[-1]):
+        return x
     with torch.no_grad():
         keep = support(x.detach(), config.top_k, config.top_p)
-    return x if keep is None else x.masked_fill(~keep, float("-inf"))
+    return x if keep is None else torch.where(keep, x, float("-inf"))
 
 
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
@@ -73,7 +81,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     flat = probs.reshape(-1, probs.shape[-1])
     cdf = flat.cumsum(-1, dtype=torch.float64)  # (R, V)
     r = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=flat.device)
-    return torch.searchsorted(cdf, (1.0 - r) * cdf[:, -1:]).reshape(probs.shape[:-1])
+    return torch.searchsorted(cdf, torch.rsub(r, 1.0).mul_(cdf[:, -1:])).reshape(probs.shape[:-1])
 
 
 def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -40,25 +40,26 @@ def scan_matches(text: np.ndarray, context: Sequence[int], limit: int, max_match
 
 def trie_scores(rows: np.ndarray, budget: int) -> dict[tuple[int, ...], float]:
     """The `budget` best prefixes of `rows` (m, depth) by count / m, as {path: score}; ties go to the
-    shorter path, so the result is prefix-closed."""
+    shorter path, then to the smaller path, so the result is prefix-closed.
+
+    One sort for every depth: with the rows in order, a prefix of length d starts a new group at row i
+    when row i shares fewer than d leading tokens with row i - 1, and its count is the distance to the
+    next such row. A prefix holding a -1 (nothing followed) is not a path.
+    """
     m, depth = rows.shape
     if m == 0 or budget < 1:
         return {}
-    scores, depths, firsts = [], [], []
-    for d in range(1, depth + 1):
-        valid = rows[:, d - 1] >= 0
-        if not valid.any():
-            break
-        prefixes = np.ascontiguousarray(rows[valid, :d]).view(np.dtype((np.void, 8 * d))).ravel()
-        _, first, counts = np.unique(prefixes, return_index=True, return_counts=True)
-        scores.append(counts / m)
-        depths.append(np.full(len(counts), d))
-        firsts.append(np.flatnonzero(valid)[first])
-    if not scores:  # every occurrence ends its document: nothing follows
-        return {}
-    score, dep, first = np.concatenate(scores), np.concatenate(depths), np.concatenate(firsts)
+    ranked = rows[np.lexsort(rows.T[::-1])]  # rows in order as tuples, the first column most significant
+    shared = np.full(m, -1, dtype=np.int64)  # leading tokens equal to the row before (-1: the first row)
+    if m > 1:
+        shared[1:] = np.cumprod(ranked[1:] == ranked[:-1], axis=1).sum(axis=1)
+    opens = np.flatnonzero(shared[None, :] < np.arange(1, depth + 1)[:, None])  # (depth, m) flattened, d-major
+    counts = np.diff(np.append(opens, depth * m))  # row 0 opens every depth: each depth's last group ends there
+    dep, first = opens // m + 1, opens % m
+    keep = ranked[first, dep - 1] >= 0
+    score, dep, first = counts[keep] / m, dep[keep], first[keep]
     best = np.lexsort((dep, -score))[:budget]
-    return {tuple(rows[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
+    return {tuple(ranked[first[i], : dep[i]].tolist()): float(score[i]) for i in best}
 
 
 def top_scores(parts: Sequence[dict[tuple[int, ...], float]], budget: int) -> dict[tuple[int, ...], float]:

@@ -144,6 +144,17 @@ def follow_greedy(tree: TokenTree, best: list[int]) -> tuple[list[int], int]:
         node = nxt
 
 
+def acceptance_ratio(p: torch.Tensor, q: torch.Tensor | None, x: int) -> float:
+    """p(x) / q(x) in p's dtype, read once (q None: a deterministic draft, q(x) = 1). p, q: (V,)."""
+    if q is None:
+        return p[x].item()
+    if p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64):  # numpy's scalars divide in the
+        # rows' dtype as torch does (IEEE, correctly rounded), without torch's dispatch
+        p_x, q_x = p.numpy()[x], q.numpy()[x]
+        return float(p_x / max(q_x, q_x.dtype.type(torch.finfo(p.dtype).tiny)))
+    return (p[x] / q[x].clamp_min(torch.finfo(p.dtype).tiny)).item()
+
+
 def verify_tree_sampling(
     tree: TokenTree, p_rows: torch.Tensor, generator: torch.Generator | None
 ) -> tuple[list[int], int]:
@@ -156,7 +167,7 @@ def verify_tree_sampling(
         tree: the drafted tree with its q rows.
         p_rows: (n+1, V) processed target probabilities.
     """
-    u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype, device=p_rows.device)
+    u = torch.rand(len(tree), generator=generator, dtype=p_rows.dtype, device=p_rows.device).tolist()
     kids = tree.children_map()
     node, path = -1, []
     while True:
@@ -166,13 +177,13 @@ def verify_tree_sampling(
         accepted, rejected_any = None, False
         for c in kids.get(node, []):
             x = tree.tokens[c]
-            q_i = torch.zeros_like(p) if q is None else q
-            if q is None:
-                q_i[x] = 1.0
-            ratio = p[x] / q_i[x].clamp_min(torch.finfo(p.dtype).tiny)
-            if u[c] < ratio:  # strict: a token with p = 0 is never accepted
+            if u[c] < acceptance_ratio(p, q, x):  # strict: a token with p = 0 is never accepted
                 accepted = c
                 break
+            q_i = q
+            if q is None:  # a deterministic draft's q: one-hot at x
+                q_i = torch.zeros_like(p)
+                q_i[x] = 1.0
             p, rejected_any = residual(p, q_i), True
             if q is not None:  # drawn without replacement: the next sibling came from q minus x
                 q = q.clone()
