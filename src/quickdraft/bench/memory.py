@@ -10,11 +10,12 @@ samples that sum in a background thread and keeps its largest value (Linux only;
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
 from pathlib import Path
 
-from quickdraft.bench.peer_process import CHILD_PEAKS, proc_kib
+from quickdraft.bench.peer_process import CHILD_PEAKS, peak_rss_kib, proc_kib
 
 
 def descendants(pid: int) -> list[int]:
@@ -48,7 +49,7 @@ def process_name(pid: int) -> str:
     except OSError:
         return str(pid)
     if b"-c" in args[1:2]:
-        return "python -c"
+        return "multiprocessing forkserver" if b"forkserver" in b" ".join(args) else "python -c"
     named = [a.decode(errors="replace") for a in args if not a.startswith(b"-")]
     if not named:
         return str(pid)
@@ -112,7 +113,11 @@ class TreePeak:
 
 def peak_rss_mib() -> dict[str, float]:
     """Peak resident memory (MiB): this process's, each peer process's (llama.cpp: read before it
-    closed), and their sum (an upper bound on the peak of all together)."""
+    closed) and each process still running under this one (parallel PEARL's forkserver), and their
+    sum (an upper bound on the peak of all together)."""
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     children = {name: round(kib / 1024) for name, kib in CHILD_PEAKS.items()}
+    for pid in descendants(os.getpid()):
+        name = process_name(pid)
+        children[name] = children.get(name, 0) + round(peak_rss_kib(pid) / 1024)
     return {"bench": round(me), "children": children, "sum": round(me + sum(children.values()))}
