@@ -151,7 +151,11 @@ def test_quantizing_a_distilled_gguf_born_draft_reads_its_trained_tensors(monkey
     name = "model.layers.0.mlp.up_proj.weight"
     other = "model.layers.0.mlp.down_proj.weight"
     file_values = {n: torch.full(p.shape, 0.5) for n, p in loaded.model.named_parameters()}
-    monkeypatch.setattr(quantized, "gguf_float_reader", lambda path, config, decoders=None: file_values.__getitem__)
+
+    def file_value(name, rows=None):
+        return file_values[name] if rows is None else file_values[name][rows]
+
+    monkeypatch.setattr(quantized, "gguf_float_reader", lambda path, config, decoders=None: file_value)
     gguf = dataclasses.replace(loaded, gguf=tmp_path / "x.gguf", source=None, trained=frozenset({name}))
     read, source = quantized._float32_source(gguf)
     params = dict(loaded.model.named_parameters())

@@ -235,3 +235,5 @@ def test_the_float_reader_decodes_every_block_type_as_gguf_does(monkeypatch):
     for kind, raw in raws.items():
         want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
         assert torch.equal(fast(kind), want), kind
+        rows = torch.tensor([9, 0, 15, 3])  # some output rows alone, in any order: decoded from their own blocks
+        assert torch.equal(fast(kind, rows), want[rows]), kind

@@ -366,3 +366,31 @@ def test_a_bare_quant_drafter_is_the_w4a8_self_draft():
     from quickdraft.drafters.model_drafter import parse_quant
 
     assert parse_quant(None).mode == "w4a8" and parse_quant("int4").mode == "int4"
+
+
+@pytest.mark.parametrize("mode", ["w4a8", "int8"])
+def test_a_restricted_head_is_built_for_its_rows_alone(tiny_model_dir, mode):
+    """A draft's head restricted to K ids is decoded and quantized for those rows only (KeptRows), and the
+    cache owner's logits equal those of the whole head's build at the kept ids; negative control: another
+    restriction is another build, and asking a KeptRows for rows it lacks is an error."""
+    import dataclasses
+
+    from quickdraft.runtime.rows import KeptRows
+    from quickdraft.weights.loading import load_model
+
+    whole = load_model(tiny_model_dir, "float32")
+    ids = torch.tensor([7, 3, 30, 11, 0])
+    kept = dataclasses.replace(whole, head_ids=ids)
+    full, part = quantize_model(whole, parse_quantize(mode)), quantize_model(kept, parse_quantize(mode))
+    head = part.linears["lm_head.weight"]
+    assert isinstance(head, KeptRows) and head.out_features == 5 and head.linear.out_features == 5
+    assert head.nbytes < full.linears["lm_head.weight"].nbytes / 2  # 5 of 34 rows (kernels pad to 16)
+    vocab = whole.output_vocab_size
+    a = NativeCachedModel(whole.model, vocab, ids, full.linears).prefill([1, 2, 3])
+    b = NativeCachedModel(whole.model, vocab, ids, part.linears).prefill([1, 2, 3])
+    assert torch.equal(a, b) and torch.isinf(b[0, 1])  # the same logits; -inf off the kept ids
+    other = quantize_model(dataclasses.replace(whole, head_ids=ids[:3]), parse_quantize(mode))
+    assert other is not part and other.linears["lm_head.weight"].out_features == 3
+    assert head.rows(torch.tensor([30, 7])).out_features == 2
+    with pytest.raises(ValueError, match="not built"):
+        head.rows(torch.tensor([5]))

@@ -22,7 +22,7 @@ from quickdraft.host import release_free_memory
 from quickdraft.runtime import kernels
 from quickdraft.runtime.gguf_linears import gguf_linears
 from quickdraft.runtime.q4k import Q4KLinear
-from quickdraft.runtime.rows import fused_slices
+from quickdraft.runtime.rows import KeptRows, fused_slices
 from quickdraft.runtime.w4a8 import w4a8_linear
 from quickdraft.runtime.w6a8 import W6A8Linear
 from quickdraft.runtime.w8a8 import w8a8_linear
@@ -132,18 +132,23 @@ def _exact_decoders() -> dict:
 
 
 def _float32_source(loaded: LoadedModel):
-    """(name -> float32 weight, a description of the source)."""
+    """(name, rows=None -> float32 weight (or its output `rows` only), a description of the source)."""
     params = dict(loaded.model.named_parameters())
     params.setdefault("lm_head.weight", loaded.model.get_output_embeddings().weight)
+
+    def own(name: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+        w = params[name].detach()
+        return (w if rows is None else w[rows]).float()  # the rows picked before a float copy
+
     if loaded.model.dtype in (torch.float32, torch.float64):
-        return (lambda name: params[name].detach().float()), f"the model's {loaded.model.dtype} weights"
+        return own, f"the model's {loaded.model.dtype} weights"
     checkpoint = _checkpoint_reader(loaded.source)
     if checkpoint is not None and checkpoint[1] in ("F32", "F64"):
         read = checkpoint[0]
 
-        def weight(name: str) -> torch.Tensor:
+        def weight(name: str, rows: torch.Tensor | None = None) -> torch.Tensor:
             found = read(name)
-            return params[name].detach().float() if found is None else found
+            return own(name, rows) if found is None else (found if rows is None else found[rows])
 
         return (
             weight,
@@ -154,9 +159,9 @@ def _float32_source(loaded: LoadedModel):
         if not loaded.trained:
             return blocks, f"{loaded.gguf.name}'s blocks, dequantized"
         return (
-            lambda name: params[name].detach().float() if name in loaded.trained else blocks(name)
+            lambda name, rows=None: own(name, rows) if name in loaded.trained else blocks(name, rows)
         ), f"{loaded.gguf.name}'s blocks, dequantized, and {len(loaded.trained)} trained tensors"
-    return (lambda name: params[name].detach().float()), f"its {loaded.model.dtype} weights (no finer copy)"
+    return own, f"its {loaded.model.dtype} weights (no finer copy)"
 
 
 def _gguf_w4a8(loaded: LoadedModel, types: dict[str, str]) -> tuple[dict[str, object], str] | None:
@@ -194,7 +199,7 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | No
     """
     if spec.active:
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
-    key = (id(loaded.model), str(spec), dtype)
+    key = (id(loaded.model), str(spec), dtype, _ids_key(loaded.head_ids))
     model_ref, built_ref = _BUILT.get(key, (lambda: None, lambda: None))
     if model_ref() is loaded.model and built_ref() is not None:  # built already for this model: shared
         return built_ref()
@@ -203,6 +208,11 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | No
     release_free_memory()  # the blocks' float temporaries, the file's parsed metadata
     _BUILT[key] = (weakref.ref(loaded.model), weakref.ref(built))
     return built
+
+
+def _ids_key(ids: torch.Tensor | None) -> tuple | None:
+    """A restricted head's ids as a cache key (None: the whole head)."""
+    return None if ids is None else (int(ids.numel()), hash(ids.to(torch.long).numpy().tobytes()))
 
 
 def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
@@ -228,11 +238,14 @@ def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
         finer = _finer_than_4_bits(types)
         if finer:
             source += f"; {len(finer)} linears stored finer than 4 bits in {loaded.gguf.name} as {W4A8_HEAD}"
-        linears = {}
+        linears, kept = {}, loaded.head_ids  # a draft's head restricted to K ids: those rows alone
         for name in linear_names(config):
             form = head if name == "lm_head.weight" or name in finer else spec
             try:
-                linears[name] = quantize_weight(weight(name), form)
+                if name == "lm_head.weight" and kept is not None:
+                    linears[name] = KeptRows(quantize_weight(weight(name, kept), form), kept)
+                else:
+                    linears[name] = quantize_weight(weight(name), form)
             except QuickdraftError as exc:
                 raise QuickdraftError(f"--quantize {spec}: {name}: {exc}") from None
     else:

@@ -88,3 +88,38 @@ def concat_rows(parts: list):
         cat = [torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "zero")]
         return Int4Linear(*cat, group=parts[0].group)
     return None
+
+
+class KeptRows:
+    """A linear built for some output rows `ids` (K,) of a larger one only: a draft's LM head restricted
+    to K token ids, decoded and quantized for those rows alone. `rows` of exactly those ids is the linear
+    itself; other ids are looked up among them (an id it lacks is an error, not a wrong row)."""
+
+    __slots__ = ("linear", "ids")
+
+    def __init__(self, linear, ids: torch.Tensor) -> None:
+        self.linear, self.ids = linear, ids.to(torch.long)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def rows(self, ids: torch.Tensor):
+        ids = ids.to(torch.long)
+        if torch.equal(ids, self.ids):
+            return self.linear
+        where = {token: i for i, token in enumerate(self.ids.tolist())}
+        missing = [token for token in ids.tolist() if token not in where]
+        if missing:
+            raise ValueError(f"KeptRows.rows: rows {missing[:5]} were not built (only {len(where)} kept)")
+        return self.linear.rows(torch.tensor([where[token] for token in ids.tolist()]))
+
+    def dequantized(self) -> torch.Tensor:
+        return self.linear.dequantized()
+
+    @property
+    def out_features(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def nbytes(self) -> int:
+        return self.linear.nbytes

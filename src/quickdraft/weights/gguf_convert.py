@@ -126,6 +126,9 @@ class GGUFFile:
             self.tensors.append(TensorInfo(name, kind, tuple(int(d) for d in shape), data))
 
 
+_U64 = struct.Struct("<Q")
+
+
 def _string(buf, at: int) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", buf, at)
     return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", "replace"), at + 8 + n
@@ -139,6 +142,11 @@ def _value(buf, at: int, kind: int):
         (item, count), at = struct.unpack_from("<IQ", buf, at), at + 12
         if item in _SCALAR:
             return None, at + count * struct.calcsize("<" + _SCALAR[item])
+        if item == 8:  # strings (a vocabulary, its merges): only their lengths are read
+            length = _U64.unpack_from
+            for _ in range(count):
+                at += 8 + length(buf, at)[0]
+            return None, at
         for _ in range(count):
             _, at = _value(buf, at, item)
         return None, at

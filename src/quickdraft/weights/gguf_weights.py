@@ -209,16 +209,22 @@ def gguf_float_reader(path: Path, config, decoders: dict | None = None):
     heads = permuted_heads(config)
     decoders = decoders or {}
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight, or only its output `rows` (K,) (decoded alone: a row's blocks are its own)."""
         t, role = tensors[name]
         kind = t.tensor_type.name
+        data = np.asarray(t.data).reshape(int(t.shape[1]), -1)  # (out, bytes or values) a row
+        if rows is not None:
+            if role in heads:  # the stored rows are permuted: read them all, then pick
+                return read(name)[rows]
+            data = data[rows.numpy()]
         if kind in ("Q8_0", "Q5_0"):
-            w = q8_values(*q8_codes(np.asarray(t.data), kind))
+            w = q8_values(*q8_codes(data, kind))
         elif kind in decoders:
-            w = decoders[kind](torch.from_numpy(np.array(t.data)))
+            w = decoders[kind](torch.from_numpy(np.array(data)))
         else:
-            w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
-        w = w.reshape(int(t.shape[1]), int(t.shape[0]))
+            w = torch.from_numpy(np.array(dequantize(data, t.tensor_type), dtype=np.float32))
+        w = w.reshape(data.shape[0], int(t.shape[0]))
         if role in heads:
             w = w[unpermute_rows(w.shape[0], heads[role])]
         return w
