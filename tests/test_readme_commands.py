@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKDRAFT = str(Path(sys.executable).with_name("quickdraft"))
 TINY = "TINY"  # replaced by the tiny model folder
 SMALL = "--max-new-tokens 8"
+ONE_PROMPT = "--prompts PROMPTS --runs 1 --max-new-tokens 8"  # a bench on one short prompt
+REPEATS = "--prompts LOOPING --runs 1 --max-new-tokens 8"  # one short prompt whose n-grams recur (ngram drafts)
 
 
 def readme_commands(text: str) -> list[str]:
@@ -110,12 +112,12 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft generate ... --drafter quant:gguf --draft-length 4", SMALL),
         Step(
             "quickdraft bench --quick --methods ar,ar:quantize=gguf,sd:quantize=gguf,sd:drafter=quant:int4",
-            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+            ONE_PROMPT,
         ),
         Step(
             "quickdraft bench --quick --methods ar,sd,llama-cpp:quantize=q4_0,llama-cpp:quantize=bf16,"
             "llama-cpp:lookup=2",
-            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+            ONE_PROMPT,
         ),
         Step("quickdraft export --to vllm --drafter ngram --draft-length 4"),
         Step("quickdraft export --to vllm --drafter truncated:6 --draft-out ./draft6"),
@@ -151,7 +153,7 @@ GROUPS: dict[str, list[Step]] = {
         Step(
             "quickdraft bench --quick --methods ar,sd:drafter=truncated:6,draft_length=2,"
             "pearl:drafter=truncated:6,parallel=1",
-            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+            ONE_PROMPT,
         ),
     ],
     "generate-tiny": [
@@ -171,9 +173,9 @@ GROUPS: dict[str, list[Step]] = {
         ),
     ],
     "bench": [
-        _tiny("quickdraft bench --quick --methods ar,sd:drafter=ngram,hf-assisted:drafter=ngram"),
-        _tiny("quickdraft bench --quick"),
-        _tiny("quickdraft bench --quick --methods ar,sd --batch 0"),
+        _tiny("quickdraft bench --quick --methods ar,sd:drafter=ngram,hf-assisted:drafter=ngram", REPEATS),
+        _tiny("quickdraft bench --quick", SMALL),  # the quick set itself: 13 Spec-Bench prompts, 8 tokens each
+        _tiny("quickdraft bench --quick --methods ar,sd --batch 0", REPEATS),
         _tiny(
             "quickdraft bench --prompts spec_bench --categories qa,rag --limit 5 --runs 3 --methods "
             "ar,sd:drafter=ngram,sd:drafter=model:/path/draft,draft_length=3,hf-assisted:drafter=ngram --out out/",
@@ -215,7 +217,7 @@ GROUPS: dict[str, list[Step]] = {
         Step(
             "quickdraft bench --quick --methods ar,sd:drafter=csd,draft_length=6,sd:drafter=specdec,"
             "verifier=specdec:beta=3,tau=1",
-            "--prompts PROMPTS --runs 1 --max-new-tokens 8",
+            ONE_PROMPT,
         ),
         Step("quickdraft bench quality bench-out"),
     ],
@@ -294,6 +296,8 @@ def files(tmp_path_factory):
     ]
     (root / "sharegpt.json").write_text(json.dumps(recs))
     (root / "prompts.jsonl").write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Say hi."]}) + "\n")
+    looping = {"question_id": 1, "category": "x", "turns": ["Say hi. Say hi. Say hi. Say hi."]}
+    (root / "looping.jsonl").write_text(json.dumps(looping) + "\n")
     seqkd = root / "seqkd"
     seqkd.mkdir()
     ids = model.tokenizer
@@ -306,6 +310,7 @@ def files(tmp_path_factory):
         TINY: str(root / "tiny"),
         "DATA": str(root / "sharegpt.json"),
         "PROMPTS": str(root / "prompts.jsonl"),
+        "LOOPING": str(root / "looping.jsonl"),
         "SEQKD": str(seqkd),
     }
 
