@@ -144,7 +144,7 @@ GROUPS: dict[str, list[Step]] = {
             "quickdraft bench --target qwen2.5-coder-1.5b --quantize w4a8 --prompts humaneval --limit 24 --runs 1 "
             "--max-new-tokens 128 "
             "--methods 'ar,llama-cpp,sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
-            "--limit 1 --max-new-tokens 8 --out out-pair",
+            "--prompts PROMPTS --limit 1 --max-new-tokens 8 --out out-pair",  # the gemma group reads humaneval
         ),
     ],
     "pearl-parallel": [
@@ -385,6 +385,11 @@ def test_readme_commands_run(group, files, tmp_path):
     if group == "gemma":
         summary = json.loads((tmp_path / "out-gemma" / "results.json").read_text())
         assert {"ar", "sd", "llama-cpp"} <= set(summary["methods"])
+    if group == "pair":
+        summary = json.loads((tmp_path / "out-pair" / "results.json").read_text())
+        assert {"ar", "llama-cpp", "sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768"} <= set(
+            summary["methods"]
+        )
     if group == "bench":
         summary = json.loads((tmp_path / "out" / "results.json").read_text())
         assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])
