@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import string
 
 import pytest
@@ -107,13 +108,18 @@ def noisy_copy(target: LoadedModel, noise: float, seed: int = 1) -> LoadedModel:
 # --- Markov-chain fakes: exact, enumerable laws for distribution tests ---------------------------
 
 
+@functools.cache
+def _row_index(token: int) -> torch.Tensor:
+    """(1,) int64 index of one row, made once a process (read only: index_select never writes it)."""
+    return torch.tensor([token])
+
+
 class MarkovModel(TokenCacheVerbs):
     """A cache owner like CachedModel: the next-token logits depend only on the last token (log T[last])."""
 
     def __init__(self, transition: torch.Tensor) -> None:
         self.logT = transition.double().log()  # (V, V)
         self.vocab_size = transition.shape[0]
-        self._ids = [torch.tensor([i]) for i in range(self.vocab_size)]
         self.max_length = 1 << 20
         self.tokens: list[int] = []
         self.num_forwards = 0
@@ -130,7 +136,7 @@ class MarkovModel(TokenCacheVerbs):
         self.tokens.extend(tokens)
         self.num_forwards += 1
         if last_only or len(tokens) == 1:  # one row: its cached index (torch.tensor costs ~20 us a call)
-            return self.logT.index_select(0, self._ids[tokens[-1]])
+            return self.logT.index_select(0, _row_index(tokens[-1]))
         return self.logT[torch.tensor(tokens)]
 
     def prefill(self, tokens) -> torch.Tensor:

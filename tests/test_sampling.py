@@ -94,11 +94,25 @@ def test_sample_has_each_rows_law_and_a_wrong_law_fails():
     assert _law_pvalue(unnormalised, law) > 1e-4
 
 
+@pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize("r, expected", [(0.0, 5), (1.0 - 2.0**-53, 1)])
-def test_sample_at_the_uniforms_extremes_stays_inside_the_support(monkeypatch, r, expected):
+def test_sample_at_the_uniforms_extremes_stays_inside_the_support(monkeypatch, r, expected, one_row):
     law = torch.tensor([[0.0, 0.05, 0.3, 0.0, 0.15, 0.5, 0.0]])
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full((1, 1), r, dtype=torch.float64))
-    assert sample(law, None).item() == expected
+    assert sample(law[0] if one_row else law, None).item() == expected
+
+
+@pytest.mark.parametrize("vocab", [2, 7, 1000, 49152])
+def test_one_row_draws_what_a_batch_of_one_draws(vocab):
+    """A (V,) row takes the one-row path (u in Python's float64): the same token as the (1, V) batch from
+    the same stream, zero-probability ids included."""
+    for seed in range(100):
+        p = torch.rand(vocab, generator=torch.Generator().manual_seed(seed)) ** 4
+        if seed % 3 == 0:
+            p[::2] = 0
+        a = sample(p, torch.Generator().manual_seed(seed + 7))
+        b = sample(p[None], torch.Generator().manual_seed(seed + 7))
+        assert a.shape == () and b.shape == (1,) and a.item() == b.item()
 
 
 @pytest.mark.parametrize(
