@@ -164,7 +164,7 @@ def test_quantizing_a_distilled_gguf_born_draft_reads_its_trained_tensors(monkey
     untrained = dataclasses.replace(gguf, trained=frozenset())
     assert torch.equal(quantized._float32_source(untrained)[0](name), file_values[name])  # negative control
     with pytest.raises(QuickdraftError, match="trained layers"):
-        quantized._build(gguf, QuantSpec("gguf"))
+        quantized._build(gguf, QuantSpec("gguf"), {})
 
 
 def test_a_restricted_head_always_holds_the_targets_eos(tiny_model_dir, tmp_path):

@@ -394,3 +394,21 @@ def test_a_restricted_head_is_built_for_its_rows_alone(tiny_model_dir, mode):
     assert head.rows(torch.tensor([30, 7])).out_features == 2
     with pytest.raises(ValueError, match="not built"):
         head.rows(torch.tensor([5]))
+
+
+@pytest.mark.real_model
+def test_a_gguf_borns_own_blocks_are_one_build_whatever_the_head():
+    """The embedded default under w4a8 runs its GGUF's own blocks, whose head does not depend on a
+    restriction: drafts with different `vocab=` share one build (the head is cut later); from floats
+    (int8) each restriction has its own head build (control)."""
+    import dataclasses
+
+    from quickdraft.weights.loading import load_model
+
+    target = load_model("default", "bfloat16")
+    a, b = (dataclasses.replace(target, head_ids=torch.arange(k)) for k in (100, 200))
+    own = quantize_model(a, parse_quantize("w4a8"))
+    assert "Q4_1" in own.source and quantize_model(b, parse_quantize("w4a8")) is own
+    x, y = quantize_model(a, parse_quantize("int8")), quantize_model(b, parse_quantize("int8"))
+    assert x is not y
+    assert [q.linears["lm_head.weight"].out_features for q in (x, y)] == [100, 200]

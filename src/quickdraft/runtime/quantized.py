@@ -164,12 +164,10 @@ def _float32_source(loaded: LoadedModel):
     return own, f"its {loaded.model.dtype} weights (no finer copy)"
 
 
-def _gguf_w4a8(loaded: LoadedModel, types: dict[str, str]) -> tuple[dict[str, object], str] | None:
+def _gguf_w4a8(loaded: LoadedModel) -> tuple[dict[str, object], str]:
     """w4a8 linears from the GGUF the model came from (gguf_weights.py: Q4_0/Q4_1/Q4_K as 4-bit blocks,
-    Q8_0/Q5_0 as exact w8a8 blocks, Q6_K re-rounded to w8a8), and their source; None when its linears
-    (`types`: by name) hold other block types (w4a8 then quantizes the weights converted from it)."""
-    if not types or not set(types.values()) <= set(GGUF_DIRECT):
-        return None
+    Q8_0/Q5_0 as exact w8a8 blocks, Q6_K re-rounded to w8a8), and their source, where its linears hold
+    only such block types (`_own_blocks`; else w4a8 quantizes the weights converted from it)."""
     linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
     return (
         linears,
@@ -199,11 +197,14 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | No
     """
     if spec.active:
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
-    key = (id(loaded.model), str(spec), dtype, _ids_key(loaded.head_ids))
+    types = gguf_types(loaded.gguf, loaded.model.config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
+    floats = spec.active and spec.mode != "gguf" and not _own_blocks(loaded, spec, types)
+    # a head quantized from floats is built for a restricted head's rows alone: one build per head there
+    key = (id(loaded.model), str(spec), dtype, _ids_key(loaded.head_ids) if floats else None)
     model_ref, built_ref = _BUILT.get(key, (lambda: None, lambda: None))
     if model_ref() is loaded.model and built_ref() is not None:  # built already for this model: shared
         return built_ref()
-    built = _build(loaded, spec)
+    built = _build(loaded, spec, types)
     open_gguf.cache_clear()
     release_free_memory()  # the blocks' float temporaries, the file's parsed metadata
     _BUILT[key] = (weakref.ref(loaded.model), weakref.ref(built))
@@ -215,11 +216,16 @@ def _ids_key(ids: torch.Tensor | None) -> tuple | None:
     return None if ids is None else (int(ids.numel()), hash(ids.to(torch.long).numpy().tobytes()))
 
 
-def _build(loaded: LoadedModel, spec: QuantSpec) -> Quantized:
+def _own_blocks(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> bool:
+    """Whether `spec` runs the GGUF's own blocks (w4a8 over linears of block types it packs as stored)."""
+    return spec.mode == "w4a8" and not loaded.trained and bool(types) and set(types.values()) <= set(GGUF_DIRECT)
+
+
+def _build(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> Quantized:
+    """`types`: {linear: GGUF block type} under w4a8 of a GGUF-born model, else empty."""
     start = time.perf_counter()
     config = loaded.model.config
-    types = gguf_types(loaded.gguf, config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
-    own = _gguf_w4a8(loaded, types) if spec.mode == "w4a8" and not loaded.trained else None
+    own = _gguf_w4a8(loaded) if _own_blocks(loaded, spec, types) else None
     if own is not None:  # the GGUF's own 4-bit blocks, an 8-bit head
         linears, source = own
     elif spec.mode == "gguf":
