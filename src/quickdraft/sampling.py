@@ -49,8 +49,8 @@ def processed_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tens
     if not filters(config.top_k, config.top_p, x.shape[-1]):
         return x
     with torch.no_grad():
-        keep = support(x.detach(), config.top_k, config.top_p)
-    return x if keep is None else torch.where(keep, x, float("-inf"))
+        keep = support(x.detach(), config.top_k, config.top_p)  # not None: a filter applies
+    return torch.where(keep, x, float("-inf"))
 
 
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

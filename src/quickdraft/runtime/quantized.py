@@ -197,14 +197,15 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | No
     """
     if spec.active:
         check_dtype(dtype or loaded.model.dtype, f"--quantize {spec}")
-    types = gguf_types(loaded.gguf, loaded.model.config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
-    floats = spec.active and spec.mode != "gguf" and not _own_blocks(loaded, spec, types)
+    kept = loaded.head_ids
+    types = _w4a8_types(loaded, spec) if kept is not None else None  # read only where it decides the key
     # a head quantized from floats is built for a restricted head's rows alone: one build per head there
-    key = (id(loaded.model), str(spec), dtype, _ids_key(loaded.head_ids) if floats else None)
+    floats = kept is not None and spec.active and spec.mode != "gguf" and not _own_blocks(loaded, spec, types)
+    key = (id(loaded.model), str(spec), dtype, _ids_key(kept) if floats else None)
     model_ref, built_ref = _BUILT.get(key, (lambda: None, lambda: None))
     if model_ref() is loaded.model and built_ref() is not None:  # built already for this model: shared
         return built_ref()
-    built = _build(loaded, spec, types)
+    built = _build(loaded, spec, _w4a8_types(loaded, spec) if types is None else types)
     open_gguf.cache_clear()
     release_free_memory()  # the blocks' float temporaries, the file's parsed metadata
     _BUILT[key] = (weakref.ref(loaded.model), weakref.ref(built))
@@ -216,13 +217,18 @@ def _ids_key(ids: torch.Tensor | None) -> tuple | None:
     return None if ids is None else (int(ids.numel()), hash(ids.to(torch.long).numpy().tobytes()))
 
 
+def _w4a8_types(loaded: LoadedModel, spec: QuantSpec) -> dict[str, str]:
+    """{linear: GGUF block type} under w4a8 of a GGUF-born model, else empty (opens the file)."""
+    return gguf_types(loaded.gguf, loaded.model.config) if spec.mode == "w4a8" and loaded.gguf is not None else {}
+
+
 def _own_blocks(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> bool:
     """Whether `spec` runs the GGUF's own blocks (w4a8 over linears of block types it packs as stored)."""
     return spec.mode == "w4a8" and not loaded.trained and bool(types) and set(types.values()) <= set(GGUF_DIRECT)
 
 
 def _build(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> Quantized:
-    """`types`: {linear: GGUF block type} under w4a8 of a GGUF-born model, else empty."""
+    """`types`: `_w4a8_types` of `loaded` and `spec`."""
     start = time.perf_counter()
     config = loaded.model.config
     own = _gguf_w4a8(loaded) if _own_blocks(loaded, spec, types) else None
