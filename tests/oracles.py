@@ -11,6 +11,12 @@ from quickdraft.sampling import sample
 from quickdraft.types import Verdict
 from quickdraft.verifiers.base import Verifier
 
+# A negative control whose broken rule fails its law test by p = 0 (below 1e-300) at the test's N runs on
+# N // CONTROL_SHARE generations: the chi-square statistic of a fixed wrong law grows with N, so a rule
+# that fails at N/4 (p below 1e-40 in every such control, docs/benchmarks.md, stop 60) fails at N. Controls
+# with smaller margins keep N.
+CONTROL_SHARE = 4
+
 
 def law_pvalue(counts: Mapping[Hashable, int], law: Mapping[Hashable, float], n: int) -> tuple[float, int]:
     """(chi-square p-value, cells kept apart) of n outcomes' counts against their exact law, the outcomes

@@ -31,7 +31,7 @@ from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.loading import LoadedModel, truncated_copy
 
 from conftest import tiny_llama, tiny_text_model
-from oracles import law_pvalue
+from oracles import CONTROL_SHARE, law_pvalue
 
 GREEDY = SamplingConfig()
 
@@ -178,7 +178,7 @@ def test_cancel_and_eos_do_not_change_the_others(model):
 def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
     """(x1, x2, x3) of many sampled rows, joining and leaving a 6-row batch, against the exact law
     of the model, drafted by the suffix drafter or by a sampling draft model (its trees carry q);
-    a verifier that accepts every draft must fail the same test."""
+    a verifier that accepts every draft must fail the same test (on N // CONTROL_SHARE rows: oracles)."""
     tiny = tiny_llama(vocab=4, layers=1, seed=2, dtype=torch.float64, init=0.5).model
     other = tiny_llama(vocab=4, layers=1, seed=7, dtype=torch.float64, init=0.5).model
     prompt, n = [1, 2, 1, 2, 1], 1500
@@ -189,7 +189,7 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
             probs = torch.softmax(tiny(input_ids=ids).logits[0, len(prompt) - 1 : -1], -1)
             law[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
 
-    def chi2_pvalue() -> tuple[float, int]:
+    def chi2_pvalue(n: int) -> tuple[float, int]:
         made = SuffixDrafter(None) if drafter == "suffix" else ModelDrafter(NativeCachedModel(other))
         dec = BatchDecoder(BatchedTarget(NativeCachedModel(tiny), 6), made, BatchPlan(None, fixed=2))
         jobs = [(prompt, SamplingConfig(temperature=1.0, seed=i), StopConfig(3)) for i in range(n)]
@@ -199,7 +199,7 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
             counts[tuple(c.tokens)] += 1
         return law_pvalue(counts, law, n)[0], sum(c.stats.num_accepted_draft_tokens for c in got)
 
-    pvalue, accepted = chi2_pvalue()
+    pvalue, accepted = chi2_pvalue(n)
     assert pvalue > 1e-4 and accepted > 0  # speculation happened
 
     def accept_everything(tree, p_rows, generator):
@@ -212,7 +212,7 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
 
     monkeypatch.setattr(round_mod, "verify_tree_sampling", accept_everything)
     monkeypatch.setattr(round_mod, "follow_greedy", follow_everything)
-    assert chi2_pvalue()[0] < 1e-6
+    assert chi2_pvalue(n // CONTROL_SHARE)[0] < 1e-6
 
 
 def test_plan_reads_the_surface():

@@ -26,6 +26,7 @@ from quickdraft.options import options_from
 from quickdraft.runtime.choose import cached_model
 
 from conftest import noisy_copy, random_transition, tiny_llama
+from oracles import CONTROL_SHARE
 
 
 def test_scored_model_trees_and_their_paths():
@@ -83,12 +84,12 @@ V = 6
 N = 5000
 
 
-def _mixed_samples(p, q, mixer_cls=MixedTreeDrafter, length=5, prompt=(0, 1, 2)):
+def _mixed_samples(p, q, mixer_cls=MixedTreeDrafter, length=5, prompt=(0, 1, 2), n=N):
     mixed = mixer_cls(SuffixDrafter(walk_index(p, 600, 11)), ModelDrafter(MarkovTree(q)), min_match=5)
     out, nodes, _ = sample_generations(
-        SpeculativeDecoder.tree(MarkovTree(p), mixed, TreeShape(5, width=2)), prompt, length, N
+        SpeculativeDecoder.tree(MarkovTree(p), mixed, TreeShape(5, width=2)), prompt, length, n
     )
-    assert nodes > N
+    assert nodes > n
     return out, mixed.rounds_by_source
 
 
@@ -119,5 +120,5 @@ class UnionWhenSampling(MixedTreeDrafter):
 def test_negative_control_union_in_sampling_rounds_fails():
     p = random_transition(V, 13, concentration=0.5)
     q = 0.5 * p + 0.5 * random_transition(V, 14)
-    samples, _ = _mixed_samples(p, q, UnionWhenSampling)
+    samples, _ = _mixed_samples(p, q, UnionWhenSampling, n=N // CONTROL_SHARE)
     assert min(_pair_pvalues(samples, 2, p, 5)) < 1e-8

@@ -22,7 +22,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import MarkovModel
-from oracles import Named, always_accept
+from oracles import CONTROL_SHARE, Named, always_accept
 
 V = 6
 
@@ -71,8 +71,8 @@ LENGTH = 6
 PROMPT = [0, 1, 2, 0, 1]
 
 
-def _mixed_chain_samples(verifier=None, gamma=2):
-    """N generations through PEARL with ngram:2:2 + a model draft; returns samples, rounds per stage
+def _mixed_chain_samples(verifier=None, gamma=2, n=N):
+    """n generations through PEARL with ngram:2:2 + a model draft; returns samples, rounds per stage
     and how many judged batches mixed sampled and deterministic tokens."""
     p, q = _chains(5)
     drafter = FallbackDrafter([PromptLookupDrafter(max_ngram=2, min_ngram=2), ModelDrafter(MarkovModel(q))])
@@ -88,7 +88,7 @@ def _mixed_chain_samples(verifier=None, gamma=2):
     out = []
     pearl_module.stack_q_rows, saved = counting, pearl_module.stack_q_rows
     try:
-        for i in range(N):
+        for i in range(n):
             dec = PearlDecoder(
                 MarkovModel(p), drafter, verifier or SpeculativeSampling(), PearlConfig(gamma=gamma), gamma
             )
@@ -124,5 +124,5 @@ def test_negative_control_the_old_defect_fails(monkeypatch):
 
 @pytest.mark.slow
 def test_negative_control_always_accept_fails():
-    p, samples, _, _ = _mixed_chain_samples(Named(always_accept))
+    p, samples, _, _ = _mixed_chain_samples(Named(always_accept), n=N // CONTROL_SHARE)
     assert min(_pair_pvalues(samples, PROMPT[-1], p, LENGTH)) < 1e-12

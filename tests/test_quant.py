@@ -391,6 +391,13 @@ def test_a_restricted_head_is_built_for_its_rows_alone(tiny_model_dir, mode):
     assert torch.equal(a, b) and torch.isinf(b[0, 1])  # the same logits; -inf off the kept ids
     other = quantize_model(dataclasses.replace(whole, head_ids=ids[:3]), parse_quantize(mode))
     assert other is not part and other.linears["lm_head.weight"].out_features == 3
+    body = [n for n in part.linears if n != "lm_head.weight"]  # another head over the same layers: shared
+    assert body and all(other.linears[n] is part.linears[n] for n in body)
+    c = NativeCachedModel(whole.model, vocab, ids[:3], other.linears).prefill([1, 2, 3])
+    assert torch.equal(c[:, ids[:3]], a[:, ids[:3]])
+    spec2 = "int4" if mode != "int4" else "int8"  # control: another spec shares nothing
+    third = quantize_model(dataclasses.replace(whole, head_ids=ids[:3]), parse_quantize(spec2))
+    assert not any(third.linears[n] is part.linears[n] for n in body)
     assert head.rows(torch.tensor([30, 7])).out_features == 2
     with pytest.raises(ValueError, match="not built"):
         head.rows(torch.tensor([5]))

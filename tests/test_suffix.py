@@ -31,6 +31,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.options import options_from
 
 from conftest import random_transition, tiny_llama
+from oracles import CONTROL_SHARE
 
 # --- the index against naive search -------------------------------------------------------------------
 
@@ -256,10 +257,10 @@ def sample_generations(decoder, prompt, length: int, n: int = N) -> tuple[list[l
     return out, nodes, accepted
 
 
-def _suffix_tree_samples(p, shape, length, prompt, seed_text=7):
+def _suffix_tree_samples(p, shape, length, prompt, seed_text=7, n=N):
     decoder = SpeculativeDecoder.tree(MarkovTree(p), SuffixDrafter(walk_index(p, 3000, seed_text)), shape)
-    out, nodes, accepted = sample_generations(decoder, prompt, length)
-    assert nodes > N and accepted > 0.1 * N  # trees were drafted and accepted
+    out, nodes, accepted = sample_generations(decoder, prompt, length, n)
+    assert nodes > n and accepted > 0.1 * n  # trees were drafted and accepted
     return out
 
 
@@ -291,7 +292,7 @@ def test_suffix_tree_negative_control_fails(monkeypatch):
     monkeypatch.setattr(tree_decoding, "verify_tree_sampling", one_hot_as_certain)
     monkeypatch.setattr(tree_decoding, "follow_greedy", first_sibling)
     p = random_transition(V, 9, concentration=0.5)
-    samples = _suffix_tree_samples(p, TreeShape(6), 5, (0, 1, 2))
+    samples = _suffix_tree_samples(p, TreeShape(6), 5, (0, 1, 2), n=N // CONTROL_SHARE)
     assert min(_pair_pvalues(samples, 2, p, 5)) < 1e-8
 
 

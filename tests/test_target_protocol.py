@@ -21,7 +21,7 @@ from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import noisy_copy, tiny_llama
 from numpy_target import NumpyLlamaTarget
-from oracles import Named, always_accept, naive_forward_logits, naive_greedy
+from oracles import CONTROL_SHARE, Named, always_accept, naive_forward_logits, naive_greedy
 
 PROMPTS = [[1, 2, 3], [7, 7, 7, 7], [5, 9, 13, 2, 40, 41, 5, 9], [33, 12, 33, 12, 33]]
 GREEDY = SamplingConfig()
@@ -95,14 +95,14 @@ def test_greedy_trees_on_the_numpy_target_equal_plain_decoding(shape):
     assert nodes > len(PROMPTS) * 10 and accepted > 0  # trees were drafted, verified and accepted from
 
 
-def _law_pvalue(verifier) -> tuple[float, int]:
+def _law_pvalue(verifier, share: int = 1) -> tuple[float, int]:
     """The chi-square p-value of speculative sampling on the numpy target against its exact law
     (tests/test_real_distribution.py's test, its target swapped for the numpy one)."""
-    from test_real_distribution import law_models, pvalue
+    from test_real_distribution import N, law_models, pvalue
 
     target, draft = law_models()
     parts = (NumpyLlamaTarget(target.model), ModelDrafter(CachedModel(draft.model)))
-    return pvalue(verifier, (target, draft), parts)
+    return pvalue(verifier, (target, draft), parts, N // share)
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_speculative_sampling_on_the_numpy_target_has_the_target_law():
 
 @pytest.mark.slow
 def test_the_law_test_on_the_numpy_target_can_fail():
-    assert _law_pvalue(Named(always_accept))[0] < 1e-3
+    assert _law_pvalue(Named(always_accept), CONTROL_SHARE)[0] < 1e-3
 
 
 def test_statistics_say_what_ran_alone_in_a_batch_and_in_server_metrics():
