@@ -205,11 +205,44 @@ def quantize_model(loaded: LoadedModel, spec: QuantSpec, dtype: torch.dtype | No
     model_ref, built_ref = _BUILT.get(key, (lambda: None, lambda: None))
     if model_ref() is loaded.model and built_ref() is not None:  # built already for this model: shared
         return built_ref()
-    built = _build(loaded, spec, _w4a8_types(loaded, spec) if types is None else types)
+    body = _built_body(key, loaded) if floats else None
+    if body is not None:  # the same model and spec with another head: its layers shared, this head built
+        built = _with_head(body, loaded, spec)
+    else:
+        built = _build(loaded, spec, _w4a8_types(loaded, spec) if types is None else types)
     open_gguf.cache_clear()
     release_free_memory()  # the blocks' float temporaries, the file's parsed metadata
     _BUILT[key] = (weakref.ref(loaded.model), weakref.ref(built))
     return built
+
+
+def _built_body(key: tuple, loaded: LoadedModel) -> Quantized | None:
+    """A live build of `loaded`'s model for the same spec and dtype as `key`, whatever its head."""
+    for other, (model_ref, built_ref) in list(_BUILT.items()):
+        if other[:3] == key[:3] and model_ref() is loaded.model and built_ref() is not None:
+            return built_ref()
+    return None
+
+
+def _with_head(body: Quantized, loaded: LoadedModel, spec: QuantSpec) -> Quantized:
+    """`body`'s layer linears (the same objects) with the LM head built for `loaded.head_ids` alone."""
+    start = time.perf_counter()
+    weight, _ = _float32_source(loaded)
+    linears = dict(body.linears)
+    try:
+        linears["lm_head.weight"] = _head(weight, loaded, spec)
+    except QuickdraftError as exc:
+        raise QuickdraftError(f"--quantize {spec}: lm_head.weight: {exc}") from None
+    return Quantized(spec, linears, body.source, time.perf_counter() - start)
+
+
+def _head(weight, loaded: LoadedModel, spec: QuantSpec):
+    """The LM head's kernel-form linear from floats in the mode's head form (`HEADS`), for a restricted
+    head's kept rows alone (`KeptRows`). `weight`: `_float32_source`'s reader."""
+    name, kept, form = "lm_head.weight", loaded.head_ids, HEADS.get(spec.mode, spec)
+    if kept is None:
+        return quantize_weight(weight(name), form)
+    return KeptRows(quantize_weight(weight(name, kept), form), kept)
 
 
 def _ids_key(ids: torch.Tensor | None) -> tuple | None:
@@ -250,14 +283,13 @@ def _build(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> Quant
         finer = _finer_than_4_bits(types)
         if finer:
             source += f"; {len(finer)} linears stored finer than 4 bits in {loaded.gguf.name} as {W4A8_HEAD}"
-        linears, kept = {}, loaded.head_ids  # a draft's head restricted to K ids: those rows alone
+        linears = {}
         for name in linear_names(config):
-            form = head if name == "lm_head.weight" or name in finer else spec
             try:
-                if name == "lm_head.weight" and kept is not None:
-                    linears[name] = KeptRows(quantize_weight(weight(name, kept), form), kept)
+                if name == "lm_head.weight":  # a draft's head restricted to K ids: those rows alone
+                    linears[name] = _head(weight, loaded, spec)
                 else:
-                    linears[name] = quantize_weight(weight(name), form)
+                    linears[name] = quantize_weight(weight(name), head if name in finer else spec)
             except QuickdraftError as exc:
                 raise QuickdraftError(f"--quantize {spec}: {name}: {exc}") from None
     else:
