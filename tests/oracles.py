@@ -11,10 +11,10 @@ from quickdraft.sampling import sample
 from quickdraft.types import Verdict
 from quickdraft.verifiers.base import Verifier
 
-# A negative control whose broken rule fails its law test by p = 0 (below 1e-300) at the test's N runs on
-# N // CONTROL_SHARE generations: the chi-square statistic of a fixed wrong law grows with N, so a rule
-# that fails at N/4 (p below 1e-40 in every such control, docs/benchmarks.md, stop 60) fails at N. Controls
-# with smaller margins keep N.
+# A negative control whose broken rule fails its law test by p < 1e-150 at the test's N (most by p = 0)
+# runs on N // CONTROL_SHARE generations: the chi-square statistic of a fixed wrong law grows with N, so a
+# rule that fails at N/4 (p below 1e-36 in every such control, docs/benchmarks.md, stop 60) fails at N.
+# Controls with smaller margins keep N.
 CONTROL_SHARE = 4
 
 

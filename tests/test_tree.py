@@ -19,7 +19,7 @@ from quickdraft.sampling import residual, sample
 from quickdraft.verifiers.tree import TokenTree, verify_tree_sampling
 
 from conftest import MarkovModel, random_transition, tiny_llama
-from oracles import verify_tree_greedy
+from oracles import CONTROL_SHARE, verify_tree_greedy
 
 V = 6
 
@@ -120,10 +120,11 @@ def test_sibling_rule_emits_the_target_law(k):
 @pytest.mark.parametrize("case", ["with-replacement-verified-as-without", "no-residual-update"])
 def test_sibling_rule_negative_controls_fail(case):
     p, q = random_transition(V, 1)[0], random_transition(V, 2)[0]
+    n = 12000 // CONTROL_SHARE  # both fail by p < 1e-150 at 12000
     if case == "no-residual-update":
-        counts = _step_counts(p, q, 3, 12000, verify=_no_residual_update)
+        counts = _step_counts(p, q, 3, n, verify=_no_residual_update)
     else:
-        counts = _step_counts(p, q, 3, 12000, draw="with")
+        counts = _step_counts(p, q, 3, n, draw="with")
     assert chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue < 1e-6
 
 
