@@ -163,7 +163,7 @@ def test_greedy_equals_plain_decoding(tiny, spec):
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", [None, "always_accept", "resample_from_target"])
 def test_sampling_has_the_target_law(broken):
-    from test_real_distribution import N, Named, law_models, pvalue
+    from test_real_distribution import Named, control_n, law_models, pvalue
 
     from quickdraft.verifiers.speculative import SpeculativeSampling
 
@@ -177,6 +177,5 @@ def test_sampling_has_the_target_law(broken):
     if broken is None:
         p, rejected = pvalue(SpeculativeSampling(), models, parts)
         assert rejected > 0 and p > 1e-3
-    else:  # resample_from_target fails by p ~ 1e-28 at N: it keeps N
-        n = N // oracles.CONTROL_SHARE if broken == "always_accept" else N
-        assert pvalue(Named(getattr(oracles, broken)), models, parts, n)[0] < 1e-3
+    else:
+        assert pvalue(Named(getattr(oracles, broken)), models, parts, control_n(broken))[0] < 1e-3

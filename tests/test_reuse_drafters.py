@@ -180,7 +180,7 @@ def random_reusing(kind: str, target):
 def test_sampling_has_the_target_law(kind, broken):
     """Chi-square of whole 3-token generations at T=1 against the exact law (test_real_distribution);
     the broken verifiers are the negative controls and must fail the same test."""
-    from test_real_distribution import N, Named, law_models, pvalue
+    from test_real_distribution import Named, control_n, law_models, pvalue
 
     from quickdraft.verifiers.speculative import SpeculativeSampling
 
@@ -192,9 +192,8 @@ def test_sampling_has_the_target_law(kind, broken):
     if broken is None:
         p, rejected = pvalue(SpeculativeSampling(), models, parts)
         assert rejected > 0 and p > 1e-3
-    else:  # resample_from_target fails by p ~ 1e-13 to 1e-32 at N: it keeps N
-        n = N // oracles.CONTROL_SHARE if broken == "always_accept" else N
-        assert pvalue(Named(getattr(oracles, broken)), models, parts, n)[0] < 1e-3
+    else:
+        assert pvalue(Named(getattr(oracles, broken)), models, parts, control_n(broken))[0] < 1e-3
 
 
 @pytest.mark.parametrize("shape", [TreeShape(8, 3), TreeShape(12, 4, (3, 2, 1))])

@@ -21,7 +21,7 @@ from quickdraft.verifiers.speculative import SpeculativeSampling
 
 from conftest import noisy_copy, tiny_llama
 from numpy_target import NumpyLlamaTarget
-from oracles import CONTROL_SHARE, Named, always_accept, naive_forward_logits, naive_greedy
+from oracles import Named, always_accept, naive_forward_logits, naive_greedy
 
 PROMPTS = [[1, 2, 3], [7, 7, 7, 7], [5, 9, 13, 2, 40, 41, 5, 9], [33, 12, 33, 12, 33]]
 GREEDY = SamplingConfig()
@@ -95,14 +95,15 @@ def test_greedy_trees_on_the_numpy_target_equal_plain_decoding(shape):
     assert nodes > len(PROMPTS) * 10 and accepted > 0  # trees were drafted, verified and accepted from
 
 
-def _law_pvalue(verifier, share: int = 1) -> tuple[float, int]:
+def _law_pvalue(verifier, broken=None) -> tuple[float, int]:
     """The chi-square p-value of speculative sampling on the numpy target against its exact law
-    (tests/test_real_distribution.py's test, its target swapped for the numpy one)."""
-    from test_real_distribution import N, law_models, pvalue
+    (tests/test_real_distribution.py's test, its target swapped for the numpy one); `broken`: the
+    broken rule a negative control runs, which sets its number of generations."""
+    from test_real_distribution import N, control_n, law_models, pvalue
 
     target, draft = law_models()
     parts = (NumpyLlamaTarget(target.model), ModelDrafter(CachedModel(draft.model)))
-    return pvalue(verifier, (target, draft), parts, N // share)
+    return pvalue(verifier, (target, draft), parts, N if broken is None else control_n(broken))
 
 
 @pytest.mark.slow
@@ -113,7 +114,7 @@ def test_speculative_sampling_on_the_numpy_target_has_the_target_law():
 
 @pytest.mark.slow
 def test_the_law_test_on_the_numpy_target_can_fail():
-    assert _law_pvalue(Named(always_accept), CONTROL_SHARE)[0] < 1e-3
+    assert _law_pvalue(Named(always_accept), always_accept)[0] < 1e-3
 
 
 def test_statistics_say_what_ran_alone_in_a_batch_and_in_server_metrics():
