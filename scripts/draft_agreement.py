@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.drafters.model_drafter import parse_model
+from quickdraft.drafters.model_drafter import UNSET, parse_model
 from quickdraft.drafters.vocab import restricted_head
 from quickdraft.training.data import _response_scored, collate
 from quickdraft.training.scoring import scored_logits
@@ -30,9 +30,9 @@ def draft_of(spec: str, target: LoadedModel) -> LoadedModel:
     """A `model:NAME[;vocab=K]` or `distilled:PATH` draft, loaded in bf16 with its head ids."""
     if spec.startswith("distilled:"):
         return load_delta(target, Path(spec.removeprefix("distilled:")), torch.bfloat16)
-    path, _, vocab, _ = parse_model(spec.removeprefix("model:"))
+    path, form = parse_model(spec.removeprefix("model:"))
     draft = load_model(path, "bfloat16")
-    draft.head_ids = restricted_head(target, vocab)
+    draft.head_ids = restricted_head(target, None if form.vocab == UNSET else form.vocab)
     return draft
 
 

@@ -120,4 +120,4 @@ def test_a_model_drafters_window_is_refused_unless_past_its_sink(bad):
 
     with pytest.raises(QuickdraftError, match="window must be an integer"):
         parse_model(f"some/draft;window={bad}")
-    assert parse_model("some/draft;vocab=64;window=256")[3] == 256
+    assert parse_model("some/draft;vocab=64;window=256")[1].window == 256

@@ -97,3 +97,66 @@ def test_a_draft_head_packed_for_drafting_equals_the_live_one(monkeypatch):
     logits = lm.logits(states)
     torch.testing.assert_close(logits[:, ids], F.linear(states, head[ids]), rtol=2e-2, atol=2e-2)
     assert torch.isinf(logits[:, 0]).all()
+
+
+def test_the_exactness_probe_tells_a_width_dependent_kernel():
+    """`_exact` passes a kernel whose k-row sums are its one-row sums and fails one whose last bits move
+    with the row count (the negative control: oneDNN's bf16 matmul on an AMX host, issue #67)."""
+    w = torch.randn(48, 32, dtype=torch.bfloat16)
+    x = torch.randn(33, 32, dtype=torch.bfloat16)
+    assert linear._exact(lambda r: torch.cat([F.linear(row, w) for row in r.split(1)]), x)
+
+    def by_width(r):  # a kernel that rounds a multi-row call another way
+        out = F.linear(r.float(), w.float())
+        return (out * (1 + 2**-9) if r.shape[0] > 1 else out).to(torch.bfloat16)
+
+    assert not linear._exact(by_width, x)
+
+
+def test_the_default_choice_never_takes_an_inexact_kernel(monkeypatch):
+    """With F.linear made width-dependent and no packed kernel, the exact default falls back to "rows"
+    (F.linear one row at a time); the opt-in `fastest` mode keeps F.linear (the control)."""
+    import types
+
+    def by_width(x, w):
+        out = F.linear(x.float(), w.float())
+        return (out * (1 + 2**-9) if x.shape[0] > 1 else out).to(x.dtype)
+
+    monkeypatch.setattr(linear, "F", types.SimpleNamespace(linear=by_width))
+    assert linear._measure((64, 32), [], exact=True) == "rows"
+    assert linear._measure((64, 32), [], exact=False) is None
+
+
+def test_the_rows_kernel_gives_one_row_bits(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "rows")
+    w = torch.randn(40, 32, dtype=torch.bfloat16)
+    lin = Linear(w, pack=True)
+    assert lin.kind == "rows" and lin.packed is None
+    x = torch.randn(9, 32, dtype=torch.bfloat16)
+    assert torch.equal(lin(x), torch.cat([F.linear(x[i : i + 1], w) for i in range(9)]))
+
+
+FORCED = ["0", "rows", "fused", *(["onednn"] if linear._supported() else [])]
+
+
+@pytest.mark.parametrize("forced", FORCED)
+def test_greedy_speculation_equals_plain_decoding_in_bf16_whatever_the_kernel(forced, monkeypatch):
+    """Issue #67 item 5: in bf16, with each linear kernel forced, `sd` gives plain decoding's tokens
+    where the kernel is exact (the default takes only those), and speculation happened."""
+    from quickdraft.engine import Engine
+    from quickdraft.options import EngineConfig, options_from
+
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", forced)
+    if forced in linear.KINDS and not linear._available(forced):
+        pytest.skip(f"no {forced} kernel on this host")
+    target = tiny_llama(vocab=96, layers=2, hidden=64, seed=3, dtype=torch.bfloat16)
+    probe = torch.randn(33, 64, dtype=torch.bfloat16)
+    lin = Linear(target.model.lm_head.weight.detach(), pack=True)
+    exact = linear._exact(lin, probe)
+    ar = Engine(target, EngineConfig(method="ar"))
+    sd = Engine(target, options_from({"drafter": "ngram:2:1", "draft_length": 6, "guard": False}))
+    for prompt in ([5, 6, 7, 5, 6, 7, 5], [9, 8, 9, 8, 9, 8, 9, 8]):
+        a, b = ar.generate(prompt, max_new_tokens=40), sd.generate(prompt, max_new_tokens=40)
+        assert b.stats.num_draft_tokens > 0
+        if exact:
+            assert b.token_ids == a.token_ids

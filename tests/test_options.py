@@ -13,7 +13,8 @@ from quickdraft.server import ServeConfig
 
 def test_defaults_are_one_set():
     cfg = EngineConfig()
-    assert (cfg.method, cfg.drafter, cfg.draft.num_draft_tokens, cfg.dtype) == ("sd", "suffix", 4, "bfloat16")
+    assert (cfg.method, cfg.drafter, cfg.draft.num_draft_tokens, cfg.dtype) == ("sd", "auto", 4, "bfloat16")
+    assert cfg.quantize == "auto" and cfg.drafter_stages == () and not cfg.quant.active  # resolved at load
     assert cfg.draft.tree is None  # auto: a host-sized tree for the suffix drafter, a chain for the others
     assert cfg.pearl.parallel is False  # the same in the CLI, the server and the bench
     assert options_from({}) == cfg
@@ -31,7 +32,7 @@ def test_every_surface_parses_to_the_same_config(tiny_target):
     assert ServeConfig.from_settings(yaml_like).engine == want
     (spec,) = parse_methods("sd:drafter=ngram:2,draft_length=3,schedule=heuristic")  # bench aliases
     method = QuickdraftMethod(spec, tiny_target, "bfloat16")
-    assert method.engine.config == want
+    assert method.engine.config == options_from({"quantize": "none"}, want)  # auto resolved: a folder's own weights
 
 
 def test_an_explicit_draft_length_asks_for_a_chain():

@@ -147,11 +147,13 @@ def test_only_llama_q_k_rows_are_unpermuted(tmp_path):
 
 
 def test_the_model_drafter_spec_takes_quant_vocab_and_window():
-    from quickdraft.drafters.model_drafter import parse_model
+    from quickdraft.drafters.fast_form import DraftForm
+    from quickdraft.drafters.model_drafter import UNSET, parse_model
 
-    assert parse_model("qwen2.5-coder-0.5b") == ("qwen2.5-coder-0.5b", None, None, None)
-    assert parse_model("x;quant=w4a8-all;vocab=32768") == ("x", QuantSpec("w4a8-all"), "32768", None)
-    assert parse_model("x;window=256;vocab=64") == ("x", None, "64", 256)
+    assert parse_model("qwen2.5-coder-0.5b") == ("qwen2.5-coder-0.5b", DraftForm(UNSET, UNSET, UNSET))
+    assert parse_model("x;quant=w4a8-all;vocab=32768") == ("x", DraftForm(QuantSpec("w4a8-all"), "32768", UNSET))
+    assert parse_model("x;window=256;vocab=64") == ("x", DraftForm(UNSET, "64", 256))
+    assert parse_model("x;quant=none;vocab=all;window=all") == ("x", DraftForm(QuantSpec("none"), None, None))
     with pytest.raises(QuickdraftError, match="unknown quantization"):
         parse_model("x;quant=w3")
     with pytest.raises(QuickdraftError, match="bad option"):

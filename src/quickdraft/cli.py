@@ -106,6 +106,8 @@ def _format_stats(stats: dict) -> str:
         f"tokens/s                {stats['tokens_per_s']:.2f}  (wall {stats['wall_s']:.2f} s: prefill "
         f"{stats['prefill_s']:.2f}, drafting {stats['draft_s']:.2f}, verifying {stats['verify_s']:.2f})",
     ]
+    if (stats.get("ran") or {}).get("choice"):
+        lines.append(f"defaults                {stats['ran']['choice']}")
     extra = stats.get("extra") or {}
     if extra.get("pearl_runs"):
         mat = extra["pearl_run_tokens"] / extra["pearl_runs"]

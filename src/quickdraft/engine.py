@@ -20,8 +20,10 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
 from quickdraft.decoding.registry import METHODS, auto_chain, draft_policy, pearl_gamma
+from quickdraft.defaults import AUTO, auto_drafter, auto_weights
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
+from quickdraft.drafters.suffix import with_suffix_cache
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
@@ -39,8 +41,10 @@ class Engine:
 
     Args:
         target: the loaded target.
-        config: the options (`dtype` overrides config.dtype when given, for older callers).
+        config: the options (`dtype` overrides config.dtype when given, for older callers); `quantize`
+            and `drafter` left at auto are resolved here (`defaults.py`), with their reasons in `choices`.
         drafter: a ready drafter (default: built from config.drafter when the method drafts).
+        suffix_cache: tokens of earlier requests' outputs the suffix stages keep (the server's; 0: none).
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class Engine:
         config: EngineConfig | None = None,
         drafter: Drafter | None = None,
         dtype: str | None = None,
+        suffix_cache: int = 0,
     ) -> None:
         config = config or EngineConfig()
         if dtype is not None and dtype != config.dtype:
@@ -62,15 +67,39 @@ class Engine:
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
+        self.choices: dict[str, str] = {}  # what the defaults picked and why (defaults.py)
+        config = self._resolve_weights(config, target)
         built = load_target(target, config.runtime, config.quant)
         self.target: Target = built.target
         self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
+            config = self._resolve_drafter(config, target, drafter is None, suffix_cache)
             self.drafter = drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)
         else:
             self.drafter = None
+        self.config = config
         self.parts = DecodeParts(self.target, self.drafter, config, target.name)
+
+    def _resolve_weights(self, config: EngineConfig, target: LoadedModel) -> EngineConfig:
+        """`config` with `quantize` auto resolved for this target (`defaults.auto_weights`)."""
+        if config.quantize != AUTO:
+            return config
+        choice = auto_weights(target, config.dtype, config.runtime, self.device)
+        self.choices["weights"] = f"{choice.value}: {choice.reason}"
+        return options_from({"quantize": choice.value}, config)
+
+    def _resolve_drafter(self, config: EngineConfig, target: LoadedModel, build: bool, cache: int) -> EngineConfig:
+        """`config` with `drafter` auto resolved for this target and host (`defaults.auto_drafter`), and
+        the suffix stages given `cache` tokens of earlier requests (the server's)."""
+        if config.drafter == AUTO and build:
+            choice = auto_drafter(target, self.target, config.dtype, config.quantize, config.runtime)
+            self.choices["drafter"] = f"{choice.value}: {choice.reason}"
+            config = options_from({"drafter": choice.value}, config)
+        if cache and config.drafter_stages:
+            stages = with_suffix_cache(config.drafter_stages, cache)
+            config = options_from({"drafter": "+".join(map(str, stages))}, config)
+        return config
 
     @classmethod
     def load(
@@ -79,6 +108,7 @@ class Engine:
         config: EngineConfig | None = None,
         dtype: str | None = None,
         threads: int | None = None,
+        suffix_cache: int = 0,
     ) -> Engine:
         """Load the target (`target` or config.target: a local HF folder, None for the embedded
         default) in `dtype` or config.dtype, with `threads` or config.threads, and build the drafter."""
@@ -86,7 +116,7 @@ class Engine:
         config = options_from(given, config or EngineConfig())
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        return cls(load_model(config.target, config.dtype), config)
+        return cls(load_model(config.target, config.dtype), config, suffix_cache=suffix_cache)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids of a prompt (text, chat messages or ids; `raw`: no chat template): the codec's."""
@@ -135,7 +165,10 @@ class Engine:
         """What runs, as statistics report it: the method, the drafter as resolved (the default
         included; "" for plain decoding), the target, its weights, the runtime and the device."""
         drafter = self.drafter.name if self.drafter is not None else ""
-        return {"method": self.config.method, "drafter": drafter, **self.info.to_dict()}
+        ran = {"method": self.config.method, "drafter": drafter, **self.info.to_dict()}
+        if self.choices:  # what the defaults picked and why, one line
+            ran["choice"] = "; ".join(f"{what} {why}" for what, why in self.choices.items())
+        return ran
 
     def close(self) -> None:
         """Stop worker processes, if any."""

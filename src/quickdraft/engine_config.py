@@ -13,18 +13,21 @@ from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
+from quickdraft.defaults import AUTO
 from quickdraft.runtime.choose import RUNTIMES, forces_reference, resolve_device
 from quickdraft.weights.quant import QuantSpec, parse_quantize
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What an Engine runs and how it loads (defaults: speculative decoding with suffix trees sized
-    for the host: the best lossless method measured, docs/benchmarks.md).
+    """What an Engine runs and how it loads (defaults: speculative decoding with the drafter and the
+    weights `defaults.py` picks for the target and the host once it loads: the fastest lossless path
+    measured, docs/benchmarks.md).
 
     Attributes:
         method: a name in `decoding.registry.METHODS` (ar, sd, pearl).
-        drafter: a drafter spec (`drafters/spec.py`); unused by ar.
+        drafter: a drafter spec (`drafters/spec.py`), or auto (the default: `defaults.auto_drafter`
+            picks it once the target loads); unused by ar.
         draft: draft length and schedule.
         verifier: greedy | speculative | lenient[:L] | specdec[:beta=B,tau=T]; None picks the lossless
             one for the temperature.
@@ -36,14 +39,17 @@ class EngineConfig:
         device: auto | cpu | cuda.
         graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
             CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.
-        quantize: the target's weights: none | int8 | w8a8 | w4a8 | int4[:G] | gguf (weights/quant.py); a quantized
+        quantize: the target's weights: auto | none | int8 | w8a8 | w4a8 | int4[:G] | gguf (weights/quant.py);
+            auto (the default) runs a GGUF-born target's own blocks (`defaults.auto_weights`); a quantized
             target is a different model, and speculation is lossless with respect to it.
-        drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter).
-        quant: `quantize` parsed (once, here): what the engine and the runtime read.
+        drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter, or for
+            auto until the Engine resolves it).
+        quant: `quantize` parsed (once, here): what the engine and the runtime read (none for auto
+            until the Engine resolves it).
     """
 
     method: str = "sd"
-    drafter: str = "suffix"
+    drafter: str = AUTO
     draft: DraftConfig = field(default_factory=DraftConfig)
     verifier: str | None = None
     pearl: PearlConfig = field(default_factory=PearlConfig)
@@ -52,7 +58,7 @@ class EngineConfig:
     threads: int | None = None
     runtime: str = "auto"
     device: str = "auto"
-    quantize: str = "none"
+    quantize: str = AUTO
     graphs: str = "auto"
     drafter_stages: tuple[DrafterSpec, ...] = field(init=False, repr=False, compare=False)
     quant: QuantSpec = field(init=False, repr=False, compare=False)
@@ -61,7 +67,8 @@ class EngineConfig:
         if self.method not in METHODS:
             raise QuickdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         # a bad spec is refused here, before any model loads
-        stages = parse_drafter_spec(self.drafter) if METHODS[self.method].uses_drafter else ()
+        uses = METHODS[self.method].uses_drafter and self.drafter != AUTO
+        stages = parse_drafter_spec(self.drafter) if uses else ()
         object.__setattr__(self, "drafter_stages", stages)
         if self.dtype not in DTYPES:
             raise QuickdraftError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -72,7 +79,7 @@ class EngineConfig:
         resolve_device(self.device)  # cuda without CUDA: refused here, before any model loads
         if self.graphs not in ("auto", "on", "off"):
             raise QuickdraftError(f"unknown graphs setting {self.graphs!r}; choose auto, on or off")
-        quant = parse_quantize(self.quantize)
+        quant = parse_quantize("none" if self.quantize == AUTO else self.quantize)
         object.__setattr__(self, "quant", quant)
         if quant.active and forces_reference(self.runtime):
             raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")

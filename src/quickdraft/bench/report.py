@@ -47,6 +47,17 @@ def _guard_note(summary: dict) -> list[str]:
     return [head, "", *(f"- `{m}`: {share:.0%}" for m, share in shares.items()), ""]
 
 
+def _choices_note(summary: dict) -> list[str]:
+    """What each method's defaults resolved to, and why (`defaults.py`)."""
+    choices = summary.get("choices") or {}
+    if not choices:
+        return []
+    lines = ["What the defaults chose:", ""]
+    for method, picked in choices.items():
+        lines += [f"- `{method}`: {what} = {why}" for what, why in picked.items()]
+    return [*lines, ""]
+
+
 def _quantized_note(summary: dict) -> list[str]:
     quantized = {m: s for m, s in summary["methods"].items() if s.get("quantize")}
     if not quantized:
@@ -133,6 +144,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "of accepted drafts up to a rejection (correction included), not comparable with the former; "
         "matches ar = share of outputs token-identical to plain decoding.",
         "",
+        *_choices_note(summary),
         *_quantized_note(summary),
         *_peer_notes(summary),
         *_guard_note(summary),

@@ -13,7 +13,7 @@ import platform
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from quickdraft.bench.memory import TreePeak, peak_rss_mib
 from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, QuickdraftMethod, build_method, parse_methods
 from quickdraft.bench.metrics import summarize
 from quickdraft.bench.peer_process import PeerCrashed
+from quickdraft.defaults import AUTO, auto_weights
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cpu_fields, cpu_model
 from quickdraft.prompts import PromptCodec
@@ -47,7 +48,7 @@ class BenchConfig:
     threads: int | None = None
     runtime: str = "auto"
     device: str = "auto"
-    quantize: str = "none"  # the default weights of our methods (a method's own quantize= key wins)
+    quantize: str = AUTO  # the default weights of our methods (a method's own quantize= key wins; defaults.py)
     batch: int | None = None  # also run each run's prompts as one continuous batch (0: max batch fitted)
     out: str = "bench-out"
     command: str = ""
@@ -127,9 +128,12 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
         raise QuickdraftError("--runs and --max-new-tokens must be >= 1")
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    specs = _methods_with_ar(config.methods, config.quantize)
     records = load_prompts(config.prompts, config.categories, config.limit)
     target = target or load_model(config.target, config.dtype)
+    if config.quantize == AUTO:  # the weights our methods run by default, resolved for this target
+        choice = auto_weights(target, config.dtype, config.runtime, config.device)
+        config = replace(config, quantize=choice.value, extra={**config.extra, "weights_choice": choice.reason})
+    specs = _methods_with_ar(config.methods, config.quantize)
     plain = {s.text: _is_plain(s) for s in specs}
     sampled = {s.text: _sampled(s) for s in specs}
     weights_of = {s.text: _weights(s, config.quantize) for s in specs}
@@ -205,6 +209,9 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
     builds = {t: m.system_info for t, m in methods.items() if getattr(m, "system_info", None)}
     if builds:
         summary["peer_builds"] = builds
+    choices = {t: m.engine.choices for t, m in methods.items() if isinstance(m, QuickdraftMethod) and m.engine.choices}
+    if choices:  # what each default resolved to, and why (defaults.py)
+        summary["choices"] = choices
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
     summary["peak_rss_mib"] = {**peak_rss_mib(), "together_pss": memory.stop(), "at_peak_pss": memory.at_peak}

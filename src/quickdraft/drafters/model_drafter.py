@@ -1,6 +1,6 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
-(`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder or
-a named model such as `qwen2.5-coder-0.5b`, a GGUF-born one in its own blocks (w4a8) by default), the
+(`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder,
+a GGUF file or a named model such as `qwen2.5-coder-0.5b`, in its fast form by default: drafters/fast_form.py), the
 target's first N layers (`truncated:N`) and the target's own weights quantized (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`);
 a DistillSpec delta (`distilled[:PATH]`) is in `drafters/distilled.py`.
 
@@ -22,7 +22,8 @@ from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_to
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import model_tree
-from quickdraft.drafters.vocab import restricted_head, split_options, split_vocab
+from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
+from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
 from quickdraft.drafters.window import ContextWindow, parse_window
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.cached_model import CachedModel
@@ -140,18 +141,25 @@ def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
 MODEL_OPTIONS = ("quant", "vocab", "window")
 
 
-def parse_model(arg: str | None):
-    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH][;window=N]` -> (path or name, QuantSpec or None, vocab,
-    window). MODE is `--quantize`'s (none, w4a8, ...); None: w4a8 for a draft born from a GGUF (its own
-    blocks), none otherwise. N: the prompt tokens the draft reads (drafters/window.py; None: all)."""
+UNSET = "unset"  # an option left open: the fast form decides (drafters/fast_form.py)
+
+
+def parse_model(arg: str | None) -> tuple[str, DraftForm]:
+    """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH|all][;window=N|all]` -> (path or name, the options
+    given, each UNSET where left open: the draft's fast form fills those when it loads). MODE is
+    `--quantize`'s (none, w4a8, w4a8-all, ...); N: the prompt tokens the draft reads (drafters/window.py)."""
     from quickdraft.weights.quant import parse_quantize
 
     path, options = split_options("model", arg, MODEL_OPTIONS)
     if not path:
         raise QuickdraftError("drafter 'model' needs a path or a model name: model:PATH")
-    quant = options.get("quant")  # parsed here, once (a bad mode refused at the edge, the modes named)
-    window = parse_window(options.get("window"), f"drafter 'model:{arg}'")
-    return path, None if quant is None else parse_quantize(quant), options.get("vocab"), window
+    quant = options.get("quant", UNSET)  # parsed here, once (a bad mode refused at the edge, the modes named)
+    vocab = options.get("vocab", UNSET)
+    window = options.get("window", UNSET)
+    window = window if window == UNSET else None if window == ALL else parse_window(window, f"drafter 'model:{arg}'")
+    return path, DraftForm(
+        quant if quant == UNSET else parse_quantize(quant), None if vocab == ALL else vocab, window
+    )
 
 
 _DRAFTS: dict[tuple[str, str], tuple] = {}  # (path, dtype) -> (weakref to the model, the LoadedModel's other fields)
@@ -181,10 +189,11 @@ PMIN = (8, 0.7)
 
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
-    path, quant, vocab, window = parse_model(spec.arg)
+    path, given = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
-    draft.head_ids = restricted_head(target, vocab)
-    drafter = native_drafter(draft, target, str(spec), runtime, quant, window)
+    form = resolve(given, fast_form(draft.model, target.vocab_size, runtime), UNSET)
+    draft.head_ids = restricted_head(target, form.vocab)
+    drafter = native_drafter(draft, target, str(spec), runtime, form.quant, form.window)
     drafter.pmin = PMIN
     return drafter
 
@@ -257,9 +266,10 @@ def _export_truncated(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str |
 
 MODEL = DrafterKind(
     name="model",
-    usage="model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]",
-    summary="an independent draft model sharing the target's vocabulary (a folder or a named one, e.g. "
-    "qwen2.5-coder-0.5b: its GGUF's blocks as w4a8 unless ;quant=none)",
+    usage="model:PATH|NAME[;quant=MODE][;vocab=K|all][;window=N|all]",
+    summary="an independent draft model sharing the target's vocabulary (a folder, a GGUF file or a named "
+    "one, e.g. qwen2.5-coder-0.5b), in its fast form unless an option says otherwise: w4a8-all, a head of the "
+    "32k most frequent ids, a 256-token prompt window",
     build=_model,
     check_arg=parse_model,
     drafts_trees=True,

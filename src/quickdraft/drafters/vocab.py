@@ -24,6 +24,7 @@ from quickdraft.weights.delta import SHIPPED_FOR
 
 ASSETS = ALL_ASSETS / "vocab"
 RANKED = "ranked_ids.safetensors"
+ALL = "all"  # `;vocab=all`: the whole head (where a default would restrict it)
 # target name -> its ranking's folder under assets/vocab: the shipped drafts' targets, and Gemma
 VOCAB_FOR = {
     **SHIPPED_FOR,
@@ -45,7 +46,7 @@ def split_options(kind: str, arg: str | None, allowed: tuple[str, ...]) -> tuple
             names = ", ".join(f";{a}=..." for a in allowed)
             raise QuickdraftError(f"drafter '{kind}:{arg}': bad option {option!r} (options: {names}, each once)")
         found[key] = value
-    if found.get("vocab", "1").isdigit() and int(found.get("vocab", "1")) < 1:
+    if found.get("vocab", "1").isdigit() and int(found.get("vocab", "1")) < 1:  # (`all` passes)
         raise QuickdraftError(f"drafter '{kind}:{arg}': vocab must be >= 1")
     return main or None, found
 
@@ -63,16 +64,13 @@ def split_vocab(kind: str, arg: str | None) -> tuple[str | None, str | None]:
     return main or None, value
 
 
-def ranked_ids(target_name: str | None, value: str) -> torch.Tensor:
+def ranked_ids(target_name: str | None, value: str) -> torch.Tensor | None:
     """(R,) int64 token ids, most frequent first: the ranking shipped for the target (`value` a
-    number), or the one in the file `value` names."""
+    number; None when none ships), or the one in the file `value` names."""
     if value.isdigit():
         key = VOCAB_FOR.get(target_name or "")
         if key is None or not (ASSETS / key / RANKED).is_file():
-            raise QuickdraftError(
-                f";vocab={value}: no id ranking ships for target {target_name!r} "
-                f"(make one with scripts/rank_vocab.py and pass ;vocab=PATH)"
-            )
+            return None  # none ships: ranked by content (drafters/ranking.py)
         path = ASSETS / key / RANKED
     else:
         path = Path(value).expanduser()
@@ -85,9 +83,13 @@ def ranked_ids(target_name: str | None, value: str) -> torch.Tensor:
 def restricted_head(target, value: str | None) -> torch.Tensor | None:
     """(K,) sorted int64 ids a self-draft's head keeps for `;vocab=VALUE` (None: the whole head): the
     ranking's first K and the target's EOS ids."""
-    if value is None:
+    if value is None or value == ALL:
         return None
     ranked = ranked_ids(target.name, value)
+    if ranked is None:  # no ranking ships for this target: its tokenizer's, made from shipped text
+        from quickdraft.drafters.ranking import ranked_for
+
+        ranked = ranked_for(target.tokenizer)
     if int(ranked.max()) >= target.vocab_size:
         raise QuickdraftError(f";vocab={value}: the ranking holds ids beyond the target's {target.vocab_size}")
     keep = ranked[: int(value)] if value.isdigit() else ranked

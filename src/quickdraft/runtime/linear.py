@@ -1,4 +1,5 @@
-"""The native runtime's linear layers: `F.linear`, or a pre-packed bf16 kernel where one is faster.
+"""The native runtime's linear layers: `F.linear`, or a pre-packed bf16 kernel where one is faster,
+of the kernels whose k-row sums are their one-row sums (exact: the default; `packing`).
 
 Two packed kernels exist: quickdraft's own (`runtime/kernels/fused.cpp`: `pack_bf16`/`linear_packed`,
 the weight laid out in 16-output blocks of column pairs for AVX512-BF16's vdpbf16ps, streamed once per
@@ -9,7 +10,7 @@ floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 m
 1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
 one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
 `packing()` times the candidates on a model-sized weight at 1 and 9 rows;
-`QUICKDRAFT_PACKED_LINEAR=0|1|fused|onednn` forces it (1: the best packed kernel available).
+`QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the first packed one).
 
 Packed weights are copies made at load time (bf16, inference only): a forward that needs gradients,
 or a dtype other than bf16, uses `F.linear` on the live weight.
@@ -55,29 +56,46 @@ def _packed_call(x: torch.Tensor, packed: torch.Tensor, kind: str = "onednn", ou
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+EXACT_PROBE_ROWS = (2, 9, 17, 33)  # verify widths probed: a k-row call must give k one-row calls' bits
+
+
 def packing(shape: tuple[int, int] = (1536, 576)) -> str | None:
-    """The packed kernel linears take on this host and thread count: "fused" (ours), "onednn", or None
-    (`F.linear`): the fastest at both 1 and 9 rows on a (out, in) weight of `shape`, if it beats
-    `F.linear` by 10% at both. Measured once per host and kept in the cache folder (`_kept`): the
-    kernels' sums differ in their last bits, so every process on a host must take the same one."""
+    """The kernel bf16 linears take on this host and thread count: "fused" (ours), "onednn", "rows"
+    (`F.linear` one row at a time) or None (`F.linear`). By default only an exact kernel is taken, one
+    whose k-row result has the bits of k one-row calls (probed at `EXACT_PROBE_ROWS`), so a verify and a
+    plain step round alike and greedy speculation equals plain decoding in bf16: the fastest exact one
+    at 1 and 9 rows, a packed kernel only if it beats `F.linear` by 10% at both; "rows" where nothing
+    else is exact. `QUICKDRAFT_PACKED_LINEAR=fastest` takes the fastest whatever its rounding (an opt-in
+    trade: speculation then matches plain decoding up to near-ties; the bench reports the rate);
+    `=0|1|fused|onednn|rows` forces one. Measured once per host (kept in the cache folder: `_kept`)."""
     forced = os.environ.get("QUICKDRAFT_PACKED_LINEAR")
     if forced in KINDS:
         return forced if _available(forced) else None
+    if forced == "rows":
+        return "rows"
     if forced == "0":
         return None
     key = (shape, torch.get_num_threads(), forced)
     if key not in _CHOICE:
         candidates = [k for k in KINDS if _available(k)]
-        if forced == "1" or not candidates:
+        if forced == "1":
             _CHOICE[key] = candidates[0] if candidates else None
         else:
-            _CHOICE[key] = _kept(shape, candidates, lambda: _measure(shape, candidates))
+            exact = forced != "fastest"
+            _CHOICE[key] = _kept(shape, candidates, lambda: _measure(shape, candidates, exact), exact)
     return _CHOICE[key]
 
 
-def _measure(shape: tuple[int, int], candidates: list[str]) -> str | None:
+def _exact(call, x: torch.Tensor) -> bool:
+    """Whether `call` gives every prefix of x's rows (each width in EXACT_PROBE_ROWS) the bits of one-row calls."""
+    rows = torch.cat([call(x[i : i + 1]) for i in range(x.shape[0])])
+    return all(torch.equal(call(x[:k]), rows[:k]) for k in EXACT_PROBE_ROWS if k <= x.shape[0])
+
+
+def _measure(shape: tuple[int, int], candidates: list[str], exact: bool = True) -> str | None:
     """The fastest candidate at 1 and 9 rows if it beats `F.linear` by 10% at both (~0.5 s): each
-    timed in turn, 5 times over, keeping each one's best median (a busy host slows every turn)."""
+    timed in turn, 5 times over, keeping each one's best median (a busy host slows every turn); with
+    `exact`, only kernels whose k-row sums are the one-row sums (`_exact`), "rows" where none is."""
     try:
         with torch.inference_mode():
             w = torch.randn(shape, dtype=torch.bfloat16)
@@ -86,6 +104,11 @@ def _measure(shape: tuple[int, int], candidates: list[str]) -> str | None:
             for kind in candidates:
                 packed = _pack(w, kind)
                 calls[kind] = lambda x, p=packed, k=kind: _packed_call(x, p, k, shape[0])
+            if exact:
+                probe = torch.randn(max(EXACT_PROBE_ROWS), shape[1], dtype=torch.bfloat16)
+                calls = {kind: call for kind, call in calls.items() if _exact(call, probe)}
+                if not calls:
+                    return "rows"
             best = {kind: [float("inf")] * len(xs) for kind in calls}
             for _ in range(5):
                 for kind, call in calls.items():
@@ -94,12 +117,14 @@ def _measure(shape: tuple[int, int], candidates: list[str]) -> str | None:
                         best[kind][i] = min(best[kind][i], t)
     except (AttributeError, RuntimeError):
         return None
+    if None not in best:  # F.linear is not exact here: the fastest exact kernel
+        return min(best, key=lambda k: sum(best[k]))
     plain = best.pop(None)
     paying = [k for k, t in best.items() if all(a < 0.9 * b for a, b in zip(t, plain, strict=True))]
     return min(paying, key=lambda k: sum(best[k])) if paying else None
 
 
-def _kept(shape: tuple[int, int], candidates: list[str], measure) -> str | None:
+def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = True) -> str | None:
     """The choice kept for this host (CPU, threads, torch, the fused kernels' build) in the cache
     folder (`host.kept`), `measure()`d and written the first time or when the kept one is no
     longer available. Delete `costs/packing-*.json` there to measure again, or force a kernel with
@@ -108,11 +133,11 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure) -> str | None:
 
     fused = kernels.build_dir().name if kernels.fused_ops() is not None else "none"
     raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"
-    raw += f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}"
+    raw += f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}" + ("-exact" if exact else "-fastest")
 
     def decode(stored: dict) -> str | None:
         choice = stored["choice"]
-        if choice is not None and choice not in candidates:
+        if choice is not None and choice != "rows" and choice not in candidates:
             raise ValueError(f"packed linear {choice!r} is not available here")
         return choice
 
@@ -149,12 +174,14 @@ class Linear:
         self.weight = weight
         usable = pack and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
         self.kind = packing() if usable else None
-        self.packed = _pack(weight, self.kind) if self.kind is not None else None
+        self.packed = _pack(weight, self.kind) if self.kind in KINDS else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(n, in) -> (n, out)."""
         if self.packed is not None and _inference(x):
             return _packed_call(x, self.packed, self.kind, self.weight.shape[0])
+        if self.kind == "rows" and x.dim() == 2 and x.shape[0] > 1 and _inference(x):
+            return torch.cat([F.linear(row, self.weight) for row in x.split(1)])
         return F.linear(x, self.weight)
 
 

@@ -67,16 +67,10 @@ SERVER_SUFFIX_CACHE = 65536  # tokens of earlier requests' outputs the server's 
 
 def engine_loader(cfg: ServeConfig):
     """A function that loads the engine (run in the background while /health says 503)."""
-    from dataclasses import replace
-
-    from quickdraft.drafters.suffix import with_suffix_cache
     from quickdraft.engine import Engine
 
-    engine = cfg.engine
-    if METHODS[engine.method].uses_drafter:  # the suffix drafter also drafts from earlier requests here
-        stages = with_suffix_cache(engine.drafter_stages, SERVER_SUFFIX_CACHE)
-        engine = replace(engine, drafter="+".join(map(str, stages)))
-    return lambda: Engine.load(config=engine)
+    cache = SERVER_SUFFIX_CACHE if METHODS[cfg.engine.method].uses_drafter else 0  # drafts from earlier requests too
+    return lambda: Engine.load(config=cfg.engine, suffix_cache=cache)
 
 
 def serve(cfg: ServeConfig) -> None:

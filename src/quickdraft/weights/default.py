@@ -13,6 +13,7 @@ quantized forms come from the GGUF's own blocks, not from that folder).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Callable
@@ -202,9 +203,13 @@ def converted_target(path: str | None) -> tuple[Path, str, Path | None] | None:
     return None
 
 
+BF16_ABOVE = 256 * 2**20  # GGUF files larger than this convert to bf16 (gguf_convert.py), smaller ones to float32
+
+
 def ensure_gguf_file(path: Path) -> Path:
-    """The converted folder of a GGUF file given as `--target FILE.gguf` (keyed by its name, size
-    and modification time, so a changed file converts again)."""
+    """The converted folder of a GGUF file given as `--target FILE.gguf` or `model:FILE.gguf` (keyed by
+    its name, size and modification time, so a changed file converts again): bf16 for a large Llama or
+    Qwen2 file (as the named pair), float32 otherwise (the quantizers read its exact values)."""
     import hashlib
 
     if not path.is_file():
@@ -214,4 +219,7 @@ def ensure_gguf_file(path: Path) -> Path:
     folder = cache_dir() / "models" / "gguf" / f"{path.stem}-{key}"
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
         return folder
+    if stat.st_size > BF16_ABOVE:  # no float32 copy of a large model: bf16 a tensor at a time (Llama, Qwen2)
+        with contextlib.suppress(QuickdraftError):
+            return convert_bf16(path, folder)
     return convert_gguf(path, folder)

@@ -1,0 +1,95 @@
+"""What runs when the user leaves a choice open: the target's weights (`--quantize auto`) and the
+drafter (`--drafter auto`), both the defaults. Each is chosen once the target is loaded, from what it is
+(a GGUF-born model, a target with a known draft) and from this host's measured costs, and comes with a
+one-line reason that the statistics, `--json` (`stats.ran.choice`) and the server's metrics carry.
+
+    weights   a GGUF-born target (a named one, `--target FILE.gguf`) runs its own blocks (`w4a8`: Q4_K,
+              Q6_K, Q8_0, ... as stored, times int8 activations), the model the user downloaded, as
+              llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime hf`, a GPU) its
+              bf16/float conversion runs and the reason says so. The embedded default keeps its
+              conversion (bf16): its shipped drafts, tables and datastores were measured there, and on
+              this project's hosts its suffix default ran faster on bf16 than on w4a8 (docs/defaults.md).
+    drafter   a target with a known draft (the Qwen2.5-Coder 1.5B: its 0.5B sibling) drafts with it in
+              its fast form (`model:NAME`: 4-bit blocks everywhere, a restricted head, a windowed prompt),
+              mixed with suffix branches (`mix:`) where suffix drafts pay on this host's measured verify
+              curve, alone otherwise; every other target drafts with suffix trees.
+
+Every explicit option wins: `--quantize none`, `--drafter suffix`, ...
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from quickdraft.costs.cost_curve import best_budget, cost_curve
+from quickdraft.drafters.suffix import TREE_GAIN
+from quickdraft.runtime.choose import forces_reference, resolve_device
+from quickdraft.weights.default import DEFAULT_MODEL_NAME, NAMED_TARGETS, fixed_weights
+from quickdraft.weights.loading import LoadedModel
+
+AUTO = "auto"
+# target display name -> the named draft that ships for it (its package in the same extra)
+KNOWN_DRAFTS = {"Qwen2.5-Coder-1.5B-Instruct": "qwen2.5-coder-0.5b"}
+QUANT_DTYPES = ("bfloat16", "float32")  # what the quantized kernels take
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A default resolved: the value that runs and why (one line)."""
+
+    value: str
+    reason: str
+
+
+def auto_weights(target: LoadedModel, dtype: str, runtime: str, device: str) -> Choice:
+    """The target's weights when `--quantize` is left at auto (module docstring)."""
+    if target.gguf is None:
+        return Choice("none", "its own weights (a Hugging Face folder)")
+    if target.name == DEFAULT_MODEL_NAME:
+        return Choice("none", "the embedded default's bf16 conversion (its drafts were measured there)")
+    blocker = quantized_blocker(dtype, runtime, device)
+    if blocker is not None:
+        return Choice("none", f"the GGUF's conversion, not its own blocks: {blocker}")
+    return Choice("w4a8", "the GGUF's own blocks, as stored (--quantize none: its bf16 conversion)")
+
+
+def quantized_blocker(dtype: str, runtime: str, device: str) -> str | None:
+    """Why quantized kernels cannot run here (None: they can)."""
+    if dtype not in QUANT_DTYPES:
+        return f"{dtype} (the quantized kernels take bfloat16 or float32)"
+    if forces_reference(runtime):
+        return "--runtime hf (quantized linears need the native runtime)"
+    if resolve_device(device) != "cpu":
+        return "a GPU (the quantized kernels are CPU kernels)"
+    return None
+
+
+def known_draft(target: LoadedModel) -> str | None:
+    """The named draft that ships for this target, if its package is installed."""
+    name = KNOWN_DRAFTS.get(target.name)
+    if name is None or importlib.util.find_spec(NAMED_TARGETS[name].package) is None:
+        return None
+    return name
+
+
+def auto_drafter(target: LoadedModel, native_target, dtype: str, weights: str, runtime: str) -> Choice:
+    """The drafter when `--drafter` is left at auto (module docstring). `native_target` is the loaded
+    `Target` (its verify curve is measured here, once per host for a named target, as decoding would)."""
+    draft = known_draft(target)
+    if draft is None:
+        why = "no known draft for this target" if target.name not in KNOWN_DRAFTS else "its draft is not installed"
+        return Choice("suffix", f"suffix trees ({why})")
+    fast = f"model:{draft}"
+    if forces_reference(runtime) or not native_target.supports_trees:
+        return Choice(fast, f"its draft {draft} alone (no verify curve on this runtime to price suffix branches)")
+    curve = cost_curve(native_target, target.name, dtype, fixed_weights(target.name), weights)
+    budget = best_budget(curve, TREE_GAIN)
+    rows2 = curve.get(2) or min(curve.items(), key=lambda kv: abs(kv[0] - 2))[1]
+    if budget > 0:
+        return Choice(
+            f"mix:{fast}",
+            f"its draft {draft} (fast form) mixed with suffix branches: suffix drafts pay on this host's "
+            f"verify curve (2 rows = {rows2:.2f} steps; best suffix budget {budget})",
+        )
+    return Choice(fast, f"its draft {draft} (fast form) alone: no suffix budget pays on this host's verify curve")
