@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from quickdraft.costs.cost_curve import best_budget, cost_curve
+from quickdraft.costs import cost_curve as curves
 from quickdraft.drafters.suffix import TREE_GAIN
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.weights.default import DEFAULT_MODEL_NAME, NAMED_TARGETS, fixed_weights
@@ -83,8 +83,8 @@ def auto_drafter(target: LoadedModel, native_target, dtype: str, weights: str, r
     fast = f"model:{draft}"
     if forces_reference(runtime) or not native_target.supports_trees:
         return Choice(fast, f"its draft {draft} alone (no verify curve on this runtime to price suffix branches)")
-    curve = cost_curve(native_target, target.name, dtype, fixed_weights(target.name), weights)
-    budget = best_budget(curve, TREE_GAIN)
+    curve = curves.cost_curve(native_target, target.name, dtype, fixed_weights(target.name), weights)
+    budget = curves.best_budget(curve, TREE_GAIN)
     rows2 = curve.get(2) or min(curve.items(), key=lambda kv: abs(kv[0] - 2))[1]
     if budget > 0:
         return Choice(
