@@ -30,8 +30,8 @@ def test_a_gguf_born_target_runs_its_own_blocks_unless_they_cannot_run():
         choice = defaults.auto_weights(_gguf_born(), dtype, runtime, "cpu")
         assert choice.value == "none" and why in choice.reason
     assert defaults.auto_weights(tiny_llama(), "bfloat16", "auto", "cpu").value == "none"  # a folder's own weights
-    default = _gguf_born(defaults.DEFAULT_MODEL_NAME)
-    assert defaults.auto_weights(default, "bfloat16", "auto", "cpu").value == "none"  # measured: docs/benchmarks.md
+    default = _gguf_born("SmolLM2-135M-Instruct")
+    assert defaults.auto_weights(default, "bfloat16", "auto", "cpu").value == "w4a8"  # measured: docs/benchmarks.md
 
 
 def test_a_known_draft_mixes_with_suffix_branches_only_where_they_pay(monkeypatch, tmp_path):

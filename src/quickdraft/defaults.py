@@ -6,9 +6,10 @@ one-line reason that the statistics, `--json` (`stats.ran.choice`) and the serve
     weights   a GGUF-born target (a named one, `--target FILE.gguf`) runs its own blocks (`w4a8`: Q4_K,
               Q6_K, Q8_0, ... as stored, times int8 activations), the model the user downloaded, as
               llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime hf`, a GPU) its
-              bf16/float conversion runs and the reason says so. The embedded default keeps its
-              conversion (bf16): its shipped drafts, tables and datastores were measured there, and on
-              this project's hosts its suffix default ran faster on bf16 than on w4a8 (docs/defaults.md).
+              bf16/float conversion runs and the reason says so. The embedded default too (its Q4_1
+              blocks): measured on an AVX2 EPYC (Spec-Bench quick, one run), its suffix default ran 59.5
+              tokens/s there against 41.5 on the bf16 conversion its drafts were made on (docs/benchmarks.md,
+              "Defaults").
     drafter   a target with a known draft (the Qwen2.5-Coder 1.5B: its 0.5B sibling) drafts with it in
               its fast form (`model:NAME`: 4-bit blocks everywhere, a restricted head, a windowed prompt),
               mixed with suffix branches (`mix:`) where suffix drafts pay on this host's measured verify
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from quickdraft.costs import cost_curve as curves
 from quickdraft.drafters.suffix import TREE_GAIN
 from quickdraft.runtime.choose import forces_reference, resolve_device
-from quickdraft.weights.default import DEFAULT_MODEL_NAME, NAMED_TARGETS, fixed_weights
+from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
 from quickdraft.weights.loading import LoadedModel
 
 AUTO = "auto"
@@ -46,8 +47,6 @@ def auto_weights(target: LoadedModel, dtype: str, runtime: str, device: str) -> 
     """The target's weights when `--quantize` is left at auto (module docstring)."""
     if target.gguf is None:
         return Choice("none", "its own weights (a Hugging Face folder)")
-    if target.name == DEFAULT_MODEL_NAME:
-        return Choice("none", "the embedded default's bf16 conversion (its drafts were measured there)")
     blocker = quantized_blocker(dtype, runtime, device)
     if blocker is not None:
         return Choice("none", f"the GGUF's conversion, not its own blocks: {blocker}")
