@@ -64,12 +64,52 @@ def good(client):
 # --- happy paths ----------------------------------------------------------------------------------
 
 
+def test_a_completion_continues_its_prompt_as_given_and_chat_keeps_the_template(client, engine):
+    """Issue #71 item 1: /v1/completions takes the prompt raw (OpenAI's and llama.cpp's rule); the
+    chat route applies the chat template (the control: the two prompts differ)."""
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 6, "temperature": 0})
+    assert r.json()["usage"]["prompt_tokens"] == len(engine.encode("abc", raw=True))
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "abc"}], "max_tokens": 6})
+    assert chat.json()["usage"]["prompt_tokens"] == len(engine.encode("abc")) > len(engine.encode("abc", raw=True))
+
+
+def test_fill_in_the_middle_needs_the_tokenizers_fim_tokens(client):
+    r = client.post("/v1/completions", json={"prompt": "def f(", "suffix": "):\n    pass", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("this model's tokenizer has no fill-in")
+    r = client.post("/v1/completions", json={"prompt": [3, 4], "suffix": "x", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+
+
+def test_fill_in_the_middle_builds_the_psm_prompt_and_speculates_on_it():
+    """Issue #71 item 2, with a tiny model whose tokenizer is given FIM tokens: the prompt is
+    <pre> prefix <suf> suffix <mid>, the answer is what the engine gives those ids, and drafts ran."""
+    from conftest import CHAT_TEMPLATE, char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]})
+    tok.chat_template = CHAT_TEMPLATE
+    target = tiny_llama(vocab=len(tok), seed=3, tokenizer=tok, eos=tok.eos_token_id)
+    engine = Engine(target, EngineConfig(drafter="suffix:none", draft=DraftConfig(guard=False)))
+    pre, suf, mid = (tok.convert_tokens_to_ids(t) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    prefix, suffix = "abcabc abcabc", " abcabc"
+    ids = [pre, *tok(prefix, add_special_tokens=False).input_ids, suf, *tok(suffix, add_special_tokens=False).input_ids]
+    assert engine.prompts.encode_fim(prefix, suffix) == [*ids, mid]
+    want = engine.generate([*ids, mid], max_new_tokens=12)
+    app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=12)
+    with TestClient(app) as c:
+        wait_ready(c)
+        body = {"prompt": prefix, "suffix": suffix, "max_tokens": 12, "temperature": 0, "return_spec_stats": True}
+        got = c.post("/v1/completions", json=body).json()
+    assert got["choices"][0]["text"] == want.text and got["usage"]["prompt_tokens"] == len(ids) + 1
+    assert got["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
+
+
 def test_models_health_and_completion(client, engine):
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/v1/models").json()["data"][0]["id"] == NAME
     body = good(client)
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] in ("stop", "length")
-    want = engine.generate("abc", max_new_tokens=5)
+    want = engine.generate("abc", raw=True, max_new_tokens=5)  # a completion's prompt as given: no chat template
     assert body["choices"][0]["text"] == want.text
     assert body["usage"]["completion_tokens"] == len(want.token_ids)
 
@@ -133,7 +173,7 @@ def test_stream_equals_non_stream_and_ends_with_usage(client, kind):
 
 
 def test_stop_string_in_stream_is_never_sent(client, engine):
-    full = engine.generate("hello", max_new_tokens=30).text
+    full = engine.generate("hello", raw=True, max_new_tokens=30).text
     stop = full[5:7]
     chunks = _stream(
         client, "/v1/completions", {"prompt": "hello", "max_tokens": 30, "stop": stop, "stream": True, "temperature": 0}
@@ -559,7 +599,7 @@ def batch_live():
 def test_concurrent_requests_share_the_batch_and_equal_their_lone_answers(batch_live):
     url, app, engine = batch_live
     prompts = ["abcabcabc", "hello hello", "the cat sat. the cat", "zzz yyy zzz"]
-    alone = [engine.generate(p, max_new_tokens=40).text for p in prompts]
+    alone = [engine.generate(p, raw=True, max_new_tokens=40).text for p in prompts]
     batcher = app.state.worker
     assert batcher.decoder is not None and batcher.capacity == 3
     results = [None] * 4
@@ -617,3 +657,58 @@ def test_batch_full_gets_429_and_a_disconnect_frees_its_row(batch_live):
     forwards = batcher.decoder.target.num_forwards
     time.sleep(0.3)
     assert batcher.decoder.target.num_forwards == forwards  # nothing keeps generating
+
+
+# --- long prompts, warm-up (issue #71) -------------------------------------------------------------
+
+
+def test_a_long_prompt_is_cancelled_mid_prefill_while_health_answers(monkeypatch):
+    """A prompt is prefilled a few chunks a step even on an idle server, so a client that goes away
+    mid-prefill stops it between chunks, /health answers throughout, and the next request runs."""
+    from quickdraft.runtime.batched import BatchedTarget
+
+    target = tiny_text_model(dtype=torch.float32)
+    engine = Engine(NoEos(target.model, target.tokenizer, target.name), EngineConfig(drafter="suffix:none"))
+    chunks: list[int] = []
+    real = BatchedTarget.prefill
+
+    def slow(self, ids):  # a host where each chunk of a long prompt takes a while
+        chunks.append(len(ids))
+        time.sleep(0.25)
+        return real(self, ids)
+
+    monkeypatch.setattr(BatchedTarget, "prefill", slow)
+    app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=8, max_batch=1, warm=False)
+    prompt = "abc " * 750  # 3,000 tokens: 6 steps of 512
+    with serve_on_loopback(app) as url:
+        asked = threading.Thread(
+            target=lambda: pytest.raises(
+                httpx.ReadTimeout, httpx.post, url + "/v1/completions", json={"prompt": prompt}, timeout=0.6
+            )
+        )
+        asked.start()
+        slowest = 0.0
+        while asked.is_alive() or _pending(app):
+            start = time.time()
+            assert httpx.get(url + "/health", timeout=5).status_code == 200
+            slowest = max(slowest, time.time() - start)
+            time.sleep(0.05)
+        assert slowest < 1.0
+        assert 0 < len(chunks) < 6 and max(chunks) == 512  # stopped mid-prefill, in chunks
+        assert not app.state.worker.decoder.waiting and not app.state.worker.decoder.rows
+        ok = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_prompt_over_the_limit_is_refused_and_warm_up_sets_the_limit(engine):
+    app = create_app(lambda: engine, NAME, default_max_tokens=8, max_prompt_tokens=5, warm=False)
+    with TestClient(app) as c:
+        wait_ready(c)
+        r = c.post("/v1/completions", json={"prompt": "abcdefgh", "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
+        assert c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2}).status_code == 200
+    warmed = create_app(lambda: engine, NAME, default_max_tokens=8)
+    with TestClient(warmed) as c:
+        wait_ready(c)
+        limit = warmed.state.quickdraft["max_prompt_tokens"]
+        assert 256 <= limit <= engine.context_length  # what this host prefilled in a minute, within the context

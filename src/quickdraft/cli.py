@@ -80,6 +80,12 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-body-bytes", dest="max_body_bytes", type=int, help="larger request bodies get 413 (default 4 MiB)"
     )
+    srv.add_argument(
+        "--max-prompt-tokens",
+        dest="max_prompt_tokens",
+        type=int,
+        help="longer prompts get 400 (default: what this host prefills in about a minute, measured at warm-up)",
+    )
     add_option_flags(srv, ENGINE_OPTIONS)  # per-request settings come with each request
     srv.set_defaults(func=_cmd_serve)
 

@@ -20,11 +20,12 @@ Every explicit option wins: `--quantize none`, `--drafter suffix`, ...
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 
 from quickdraft.costs import cost_curve as curves
-from quickdraft.drafters.suffix import TREE_GAIN
+from quickdraft.drafters.suffix import TREE_GAIN, with_suffix_cache
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
 from quickdraft.weights.loading import LoadedModel
@@ -92,3 +93,26 @@ def auto_drafter(target: LoadedModel, native_target, dtype: str, weights: str, r
             f"verify curve (2 rows = {rows2:.2f} steps; best suffix budget {budget})",
         )
     return Choice(fast, f"its draft {draft} (fast form) alone: no suffix budget pays on this host's verify curve")
+
+
+def resolve_weights(config, target: LoadedModel, device: str, choices: dict[str, str]):
+    """`config` (an EngineConfig) with `quantize` auto resolved for `target` (the reason in `choices`)."""
+    if config.quantize != AUTO:
+        return config
+    choice = auto_weights(target, config.dtype, config.runtime, device)
+    choices["weights"] = f"{choice.value}: {choice.reason}"
+    return dataclasses.replace(config, quantize=choice.value)
+
+
+def resolve_drafter(config, target: LoadedModel, native_target, build: bool, cache: int, choices: dict[str, str]):
+    """`config` with `drafter` auto resolved for `target` and this host (when the engine builds its
+    drafter: `build`; the reason in `choices`), and its suffix stages given `cache` tokens of earlier
+    requests (the server's; 0: none)."""
+    if config.drafter == AUTO and build:
+        choice = auto_drafter(target, native_target, config.dtype, config.quantize, config.runtime)
+        choices["drafter"] = f"{choice.value}: {choice.reason}"
+        config = dataclasses.replace(config, drafter=choice.value)
+    if cache and config.drafter_stages:
+        stages = with_suffix_cache(config.drafter_stages, cache)
+        config = dataclasses.replace(config, drafter="+".join(map(str, stages)))
+    return config

@@ -20,10 +20,9 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
 from quickdraft.decoding.registry import METHODS, auto_chain, draft_policy, pearl_gamma
-from quickdraft.defaults import AUTO, auto_drafter, auto_weights
+from quickdraft.defaults import resolve_drafter, resolve_weights
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
-from quickdraft.drafters.suffix import with_suffix_cache
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
 from quickdraft.prompts import Prompt, PromptCodec
@@ -32,7 +31,7 @@ from quickdraft.runtime.choose import eager_attention, resolve_device
 from quickdraft.runtime.graphs import StaticBatchForward
 from quickdraft.runtime.target import Target, load_target
 from quickdraft.types import GenerationResult
-from quickdraft.weights.delta import SHIPPED_FOR
+from quickdraft.weights.default import fixed_weights
 from quickdraft.weights.loading import LoadedModel, load_model
 
 
@@ -68,38 +67,18 @@ class Engine:
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
         self.choices: dict[str, str] = {}  # what the defaults picked and why (defaults.py)
-        config = self._resolve_weights(config, target)
+        config = resolve_weights(config, target, self.device, self.choices)
         built = load_target(target, config.runtime, config.quant)
         self.target: Target = built.target
         self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
         if self.method.uses_drafter:
-            config = self._resolve_drafter(config, target, drafter is None, suffix_cache)
+            config = resolve_drafter(config, target, self.target, drafter is None, suffix_cache, self.choices)
             self.drafter = drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)
         else:
             self.drafter = None
         self.config = config
         self.parts = DecodeParts(self.target, self.drafter, config, target.name)
-
-    def _resolve_weights(self, config: EngineConfig, target: LoadedModel) -> EngineConfig:
-        """`config` with `quantize` auto resolved for this target (`defaults.auto_weights`)."""
-        if config.quantize != AUTO:
-            return config
-        choice = auto_weights(target, config.dtype, config.runtime, self.device)
-        self.choices["weights"] = f"{choice.value}: {choice.reason}"
-        return options_from({"quantize": choice.value}, config)
-
-    def _resolve_drafter(self, config: EngineConfig, target: LoadedModel, build: bool, cache: int) -> EngineConfig:
-        """`config` with `drafter` auto resolved for this target and host (`defaults.auto_drafter`), and
-        the suffix stages given `cache` tokens of earlier requests (the server's)."""
-        if config.drafter == AUTO and build:
-            choice = auto_drafter(target, self.target, config.dtype, config.quantize, config.runtime)
-            self.choices["drafter"] = f"{choice.value}: {choice.reason}"
-            config = options_from({"drafter": choice.value}, config)
-        if cache and config.drafter_stages:
-            stages = with_suffix_cache(config.drafter_stages, cache)
-            config = options_from({"drafter": "+".join(map(str, stages))}, config)
-        return config
 
     @classmethod
     def load(
@@ -228,7 +207,8 @@ class Engine:
     def batch_plan(self) -> tuple[BatchPlan, int]:
         """(the draft budget by batch size, the default batch size), read off this host's measured
         batched cost surface (costs/batch_costs.py; measured once per engine, persisted for the
-        embedded default). Each decoder gets its own plan (it calibrates to what its rows accept)."""
+        embedded default and the named targets, whose weights are fixed by checksum). Each decoder gets
+        its own plan (it calibrates to what its rows accept)."""
         drafter = self.drafter
         draft, pmin = auto_chain(self.parts)  # a draft model's p-min chain where no draft option is given
         auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
@@ -238,7 +218,7 @@ class Engine:
         if "batch_surface" not in self.parts.memo:
             name = self.target_info.name or ""
             probe = lambda: BatchedTarget(self.target, max(BATCHES))  # noqa: E731
-            surface = batch_cost_surface(probe, name, self.dtype, name in SHIPPED_FOR, self.config.quantize)
+            surface = batch_cost_surface(probe, name, self.dtype, fixed_weights(name), self.config.quantize)
             self.parts.memo["batch_surface"] = surface
         surface = self.parts.memo["batch_surface"]
         trees = drafter is not None and drafter.drafts_trees and (auto or bool(draft.tree))

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from quickdraft.errors import ContextLengthError, QuickdraftError
 
 Prompt = str | Sequence[dict] | Sequence[int]
+# fill-in-the-middle tokens (prefix, suffix, middle) by tokenizer family: Qwen2.5-Coder's, StarCoder's
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 
 
 def context_length(model) -> int:
@@ -76,6 +78,25 @@ class PromptCodec:
         if bad:
             raise QuickdraftError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         return ids
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) ids of the tokenizer's fill-in-the-middle tokens, or None."""
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        for names in FIM_TOKENS:
+            if all(n in vocab for n in names):
+                return tuple(vocab[n] for n in names)  # type: ignore[return-value]
+        return None
+
+    def encode_fim(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt: <prefix-token> prefix <suffix-token> suffix <middle-token> (the
+        PSM order Qwen2.5-Coder and StarCoder were trained on); the model generates the middle. Refused
+        with one line for a tokenizer without FIM tokens."""
+        fim = self.fim_tokens()
+        if fim is None:
+            raise QuickdraftError("this model's tokenizer has no fill-in-the-middle tokens: 'suffix' cannot be used")
+        self.check_chars(len(prefix) + len(suffix))
+        text = lambda t: list(self.tokenizer(t, add_special_tokens=False).input_ids) if t else []  # noqa: E731
+        return [fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
 
     def decode(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens skipped ("" without a tokenizer)."""

@@ -43,6 +43,8 @@ from quickdraft.runtime.choose import eager_attention
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree
 
+IDLE_CHUNKS = 4  # with no row running, a step prefills up to this many chunks of a waiting prompt
+
 
 @dataclass
 class BatchUpdate:
@@ -164,17 +166,18 @@ class BatchDecoder:
                 self._leave(i)
 
     def _admit(self) -> list[BatchUpdate]:
-        """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens while rows run;
-        with none running, the first prompt whole (nobody waits on it)."""
+        """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens while rows run,
+        IDLE_CHUNKS times that with none running, so a step never runs long: the caller can cancel a
+        long prompt, or admit another request, between chunks (the server's loop does)."""
         updates: list[BatchUpdate] = []
-        budget = self.prefill_chunk
+        budget = self.prefill_chunk if self.rows else self.prefill_chunk * IDLE_CHUNKS
         while self.waiting and len(self.rows) < self.target.max_batch and budget > 0:
             job = self.waiting[0]
             start = time.perf_counter()
             if not job.started:  # a prefix shared with the previous prompt is kept, not recomputed
                 job.done, job.started = self.target.prefill_start(job.prompt), True
             left = len(job.prompt) - job.done
-            size = min(budget, left) if self.rows else left
+            size = min(budget, left)
             with eager_attention():
                 logits = self.target.prefill(job.prompt[job.done : job.done + size])
             job.done += size

@@ -25,11 +25,12 @@ class ServeConfig:
     max_batch: int | None = None  # None: fitted to the host (the measured batched cost surface)
     default_max_tokens: int = 256
     max_body_bytes: int = 4 * 1024 * 1024
+    max_prompt_tokens: int | None = None  # None: what this host prefills in about a minute (measured at warm-up)
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_queue", "default_max_tokens", "max_body_bytes", "max_batch"):
+        for name in ("port", "max_queue", "default_max_tokens", "max_body_bytes", "max_batch", "max_prompt_tokens"):
             value = getattr(self, name)
-            if name == "max_batch" and value is None:
+            if name in ("max_batch", "max_prompt_tokens") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
                 raise QuickdraftError(f"serve setting {name} must be a positive integer, got {value!r}")
@@ -79,6 +80,12 @@ def serve(cfg: ServeConfig) -> None:
     from quickdraft.server.app import create_app
 
     app = create_app(
-        engine_loader(cfg), cfg.model_name, cfg.max_queue, cfg.default_max_tokens, cfg.max_body_bytes, cfg.max_batch
+        engine_loader(cfg),
+        cfg.model_name,
+        cfg.max_queue,
+        cfg.default_max_tokens,
+        cfg.max_body_bytes,
+        cfg.max_batch,
+        cfg.max_prompt_tokens,
     )
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")

@@ -48,10 +48,12 @@ class Admission:
         model_name: str | None,
         default_max_tokens: int,
         max_body_bytes: int = MAX_BODY_BYTES,
+        max_prompt_tokens: int | None = None,
+        warm: bool = True,
     ) -> None:
         self.load_engine, self.worker = load_engine, worker
-        self.state: dict = {"engine": None, "error": None, "name": model_name}
-        self.default_max_tokens, self.max_body_bytes = default_max_tokens, max_body_bytes
+        self.state: dict = {"engine": None, "error": None, "name": model_name, "max_prompt_tokens": max_prompt_tokens}
+        self.default_max_tokens, self.max_body_bytes, self.warm = default_max_tokens, max_body_bytes, warm
 
     @property
     def name(self) -> str | None:
@@ -61,6 +63,10 @@ class Admission:
         """Build the engine; a failure is kept for /health."""
         try:
             engine = self.load_engine()
+            rate = warm_up(engine) if self.warm else None  # before ready: the first request runs warm
+            if self.state["max_prompt_tokens"] is None:  # what this host prefills in about a minute
+                limit = engine.context_length if rate is None else int(rate * PREFILL_SECONDS)
+                self.state["max_prompt_tokens"] = max(WARM_TOKENS, min(engine.context_length, limit))
             self.worker.prepare(engine)
             self.state["name"] = self.state["name"] or engine.target_info.name
             self.state["engine"] = engine
@@ -104,9 +110,16 @@ class Admission:
         if req.model is not None and req.model != self.name:
             raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)
         try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
-            ids = engine.encode(req.messages if kind == "chat" else req.prompt)
+            ids = _prompt_ids(engine, req)
             sampling, stop = req.options.sampling, req.options.stop_config(engine.target_info.eos_token_ids)
             engine.check_length(len(ids), req.options.max_new_tokens)  # before the request takes a queue slot
+            limit = self.state["max_prompt_tokens"]
+            if limit is not None and len(ids) > limit:
+                raise APIError(
+                    400, f"prompt of {len(ids)} tokens exceeds this server's limit of {limit} "
+                    "(--max-prompt-tokens; by default what this host prefills in about a minute)",
+                    "prompt", code="prompt_too_long",
+                )
         except ContextLengthError as exc:
             raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
         except QuickdraftError as exc:
@@ -120,3 +133,30 @@ class Admission:
             self.worker.release()
             raise
         return Admitted(req, ids, events, cancel)
+
+
+PREFILL_SECONDS = 60  # the default prompt limit: what this host prefills in about this long
+WARM_TOKENS = 256  # the warm-up prompt's length
+
+
+def warm_up(engine: Engine) -> float | None:
+    """Run what a first request needs before the server says ready (kernels, the drafter's builds and
+    first forwards, the host's cost curves): one greedy generation of a WARM_TOKENS-token prompt.
+    Returns the prompt tokens per second its prefill took (None without a tokenizer to make one)."""
+    if engine.prompts.tokenizer is None:
+        return None
+    text = "def add(a, b):\n    return a + b\n\n" * WARM_TOKENS
+    ids = engine.encode(text, raw=True)[:WARM_TOKENS]
+    result = engine.generate(ids, max_new_tokens=8, temperature=0.0)
+    return len(ids) / max(result.stats.prefill_s, 1e-6)
+
+
+def _prompt_ids(engine: Engine, req: CompletionRequest) -> list[int]:
+    """The request's prompt ids: chat messages through the chat template; a completion's prompt as given
+    (raw, as OpenAI's and llama.cpp's completion routes take it), or with `suffix` the model's
+    fill-in-the-middle prompt (its tokenizer's FIM tokens; refused for a model without them)."""
+    if req.kind == "chat":
+        return engine.encode(req.messages)
+    if req.suffix is not None:
+        return engine.prompts.encode_fim(req.prompt, req.suffix)
+    return engine.encode(req.prompt, raw=True)

@@ -37,11 +37,15 @@ def create_app(
     default_max_tokens: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_batch: int | None = None,
+    max_prompt_tokens: int | None = None,
+    warm: bool = True,
 ) -> FastAPI:
-    """Build the app; `load_engine` runs in a background thread at start-up (health is 503 until done).
-    Requests run together, up to `max_batch` at once (None: fitted to the host; server/batcher.py)."""
+    """Build the app; `load_engine` runs in a background thread at start-up, then a warm-up generation
+    (`warm`; health is 503 until both are done). Requests run together, up to `max_batch` at once
+    (None: fitted to the host; server/batcher.py); prompts over `max_prompt_tokens` get 400 (None:
+    what this host prefilled in about a minute at warm-up)."""
     worker, metrics = Batcher(max_queue, max_batch), Metrics()
-    admission = Admission(load_engine, worker, model_name, default_max_tokens, max_body_bytes)
+    admission = Admission(load_engine, worker, model_name, default_max_tokens, max_body_bytes, max_prompt_tokens, warm)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

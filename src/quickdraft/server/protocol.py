@@ -44,7 +44,6 @@ UNSUPPORTED = {
     "logprobs": None,
     "top_logprobs": None,
     "echo": False,
-    "suffix": None,
     "presence_penalty": 0,
     "frequency_penalty": 0,
     "repetition_penalty": 1,
@@ -68,6 +67,7 @@ class CompletionRequest:
     kind: str  # "completion" | "chat"
     model: str | None
     prompt: str | list[int] | None = None
+    suffix: str | None = None  # fill-in-the-middle: the text after the gap (completions only)
     messages: list[dict] | None = None
     stream: bool = False
     include_usage: bool = False
@@ -176,6 +176,11 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required", "prompt")
         req.prompt = _prompt(body["prompt"])
+        suffix = body.get("suffix")
+        if suffix is not None:
+            if not isinstance(suffix, str) or not isinstance(req.prompt, str):
+                raise APIError(400, "'suffix' must be a string, with a text 'prompt' (the code before the gap)", "suffix")
+            req.suffix = _check_text(suffix, "suffix")
         max_name = "max_tokens"
     settings = {
         "max_new_tokens": _integer(body, max_name, default_max_tokens, 1),

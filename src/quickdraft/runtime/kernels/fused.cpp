@@ -77,25 +77,28 @@ inline double fast_exp(double x) { return std::exp(x); }
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("add_rms_norm", &add_rms_norm, "optional residual add, then RMSNorm (HF's arithmetic)");
-  m.def("rope_store", &rope_store, "RoPE on q and k of fused qkv rows; k, v written to the layer's cache");
-  m.def("attend", &attend, "attention of T rows over the first L cached positions (GQA, optional mask)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up over fused gate|up rows");
-  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu_tanh(gate) * up over fused gate|up rows (GeGLU)");
-  m.def("pack_bf16", &pack_bf16, "a (N, K) bf16 weight in linear_packed's layout (N/16, K/2, 16, 2)");
-  m.def("linear_packed", &linear_packed, "x W^T for bf16 rows over a pack_bf16 weight (AVX512-BF16 where present)");
-  m.def("pack_int8", &pack_int8, "(N, K) int8 weights in linear_w8a8's layout (N/16, K/4, 16, 4), K padded to 32");
-  m.def("pack_blocks", &pack_blocks, "(N, K/32) per-block scales in linear_w8a8's layout (N/16, K/32, 16)");
-  m.def("linear_w8a8", &linear_w8a8, "x W^T with int8 weights and per-row int8 activations (VNNI where present)");
-  m.def("pack_q4", &pack_q4, "(N, K) 4-bit codes with (N, K/32) scales and mins in linear_w4a8's layout (N/16, K/32, 320)");
-  m.def("linear_w4a8", &linear_w4a8, "x W^T with 4-bit weights (q d + m) and per-row int8 activations (VNNI)");
-  m.def("pack_q6", &pack_q6, "(N, K) 6-bit codes, (N, K/16) int8 scales, (N, K/256) d in linear_w6a8's layout (N/16, K/32, 448)");
-  m.def("pack_q6_gguf", &pack_q6_gguf, "a GGUF Q6_K tensor's raw rows (N, K/256 x 210) in linear_w6a8's layout");
-  m.def("linear_w6a8", &linear_w6a8, "x W^T with Q6_K weights (d sc (q - 32)) and per-row int8 activations (VNNI)");
-  m.def("pack_q4k", &pack_q4k, "(N, K) 4-bit codes, (N, K/32) 6-bit sc and mn, (N, K/256) d and dmin in linear_q4k's layout");
-  m.def("pack_q4k_gguf", &pack_q4k_gguf, "a GGUF Q4_K tensor's raw rows (N, K/256 x 144) in linear_q4k's layout");
-  m.def("linear_q4k", &linear_q4k, "x W^T with Q4_K weights (d sc q - dmin mn) and per-row int8 activations (VNNI)");
-  m.def("llama_layers", &llama_layers, "plain Llama blocks over one sequence's rows, one call (the kernels above)");
+  // every kernel runs without the GIL (its arguments converted first): a long prefill on the server's
+  // decode thread never starves the event loop (/health, /metrics, new requests; issue #71)
+  const auto kFree = py::call_guard<py::gil_scoped_release>();
+  m.def("add_rms_norm", &add_rms_norm, kFree, "optional residual add, then RMSNorm (HF's arithmetic)");
+  m.def("rope_store", &rope_store, kFree, "RoPE on q and k of fused qkv rows; k, v written to the layer's cache");
+  m.def("attend", &attend, kFree, "attention of T rows over the first L cached positions (GQA, optional mask)");
+  m.def("silu_mul", &silu_mul, kFree, "silu(gate) * up over fused gate|up rows");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, kFree, "gelu_tanh(gate) * up over fused gate|up rows (GeGLU)");
+  m.def("pack_bf16", &pack_bf16, kFree, "a (N, K) bf16 weight in linear_packed's layout (N/16, K/2, 16, 2)");
+  m.def("linear_packed", &linear_packed, kFree, "x W^T for bf16 rows over a pack_bf16 weight (AVX512-BF16 where present)");
+  m.def("pack_int8", &pack_int8, kFree, "(N, K) int8 weights in linear_w8a8's layout (N/16, K/4, 16, 4), K padded to 32");
+  m.def("pack_blocks", &pack_blocks, kFree, "(N, K/32) per-block scales in linear_w8a8's layout (N/16, K/32, 16)");
+  m.def("linear_w8a8", &linear_w8a8, kFree, "x W^T with int8 weights and per-row int8 activations (VNNI where present)");
+  m.def("pack_q4", &pack_q4, kFree, "(N, K) 4-bit codes with (N, K/32) scales and mins in linear_w4a8's layout (N/16, K/32, 320)");
+  m.def("linear_w4a8", &linear_w4a8, kFree, "x W^T with 4-bit weights (q d + m) and per-row int8 activations (VNNI)");
+  m.def("pack_q6", &pack_q6, kFree, "(N, K) 6-bit codes, (N, K/16) int8 scales, (N, K/256) d in linear_w6a8's layout (N/16, K/32, 448)");
+  m.def("pack_q6_gguf", &pack_q6_gguf, kFree, "a GGUF Q6_K tensor's raw rows (N, K/256 x 210) in linear_w6a8's layout");
+  m.def("linear_w6a8", &linear_w6a8, kFree, "x W^T with Q6_K weights (d sc (q - 32)) and per-row int8 activations (VNNI)");
+  m.def("pack_q4k", &pack_q4k, kFree, "(N, K) 4-bit codes, (N, K/32) 6-bit sc and mn, (N, K/256) d and dmin in linear_q4k's layout");
+  m.def("pack_q4k_gguf", &pack_q4k_gguf, kFree, "a GGUF Q4_K tensor's raw rows (N, K/256 x 144) in linear_q4k's layout");
+  m.def("linear_q4k", &linear_q4k, kFree, "x W^T with Q4_K weights (d sc q - dmin mn) and per-row int8 activations (VNNI)");
+  m.def("llama_layers", &llama_layers, kFree, "plain Llama blocks over one sequence's rows, one call (the kernels above)");
   m.def("has_avx512_vnni", [] {
 #if defined(__AVX512VNNI__)
     return true;
