@@ -130,3 +130,17 @@ def test_the_embedded_default_ranks_its_own_tokenizer_from_the_shipped_text(tmp_
     assert any(p.is_file() for p in (tmp_path / "vocab").rglob("*.safetensors"))
     monkeypatch.setattr(ranking, "_source_texts", lambda *a: pytest.fail("ranked again"))
     assert torch.equal(ranking.ranked_for(tok), ranked)
+
+
+def test_the_one_call_api_keeps_its_engine_while_the_options_asked_do_not_change(tiny_model_dir):
+    """The engine resolves auto (its config says what runs), but `generate()` keys the engine it keeps
+    by the options as asked: a second call with the same ones does not load again; another one does."""
+    from quickdraft import api, generate
+
+    generate("abc", target=tiny_model_dir, max_new_tokens=4)
+    first = api._LOADED[0]
+    assert first.config.drafter != "auto" and first.requested.drafter == "auto"
+    generate("abd", target=tiny_model_dir, max_new_tokens=4)
+    assert api._LOADED[0] is first
+    generate("abd", target=tiny_model_dir, drafter="ngram", max_new_tokens=4)
+    assert api._LOADED[0] is not first

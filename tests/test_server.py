@@ -94,6 +94,7 @@ def test_fill_in_the_middle_builds_the_psm_prompt_and_speculates_on_it():
     prefix, suffix = "abcabc abcabc", " abcabc"
     ids = [pre, *tok(prefix, add_special_tokens=False).input_ids, suf, *tok(suffix, add_special_tokens=False).input_ids]
     assert engine.prompts.encode_fim(prefix, suffix) == [*ids, mid]
+    assert {pre, suf, mid} <= set(engine.prompts.fim_stop_ids())  # a middle ends at the FIM tokens
     want = engine.generate([*ids, mid], max_new_tokens=12)
     app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=12)
     with TestClient(app) as c:

@@ -93,7 +93,7 @@ def test_type_checking_imports_count(tmp_path, monkeypatch):  # negative control
 # weights -> config -> the ground floor (host plumbing, errors, types).
 FLOORS = {
     "cli": 0,
-    "server": 1, "bench": 1, "training": 1, "export": 1, "flags": 1,
+    "server": 1, "bench": 1, "training": 1, "export": 1, "flags": 1, "api": 1,
     "engine": 2,
     "options": 3, "engine_config": 3, "defaults": 3,
     "decoding": 4,
@@ -254,3 +254,27 @@ def test_a_cited_path_that_moved_is_found():  # negative control
     text = "See models/linear.py and runtime/linear.py (src/quickdraft/runtime/kv_cache.py is not cited twice)."
     assert cited_paths(text) == {"models/linear.py", "runtime/linear.py"}
     assert not (SRC / "models/linear.py").exists()
+
+
+# a newcomer's reading (issue #68): the README short, each topic page short, the benchmarks page the
+# current figures (history lives in git)
+DOC_LIMITS = {"README.md": 300, "docs/benchmarks.md": 600}
+PAGE_LIMIT = 400
+
+
+def doc_lengths(root) -> dict[str, tuple[int, int]]:
+    """{page: (lines, limit)} of the README and every page under docs/."""
+    pages = ["README.md", *(str(p.relative_to(root)) for p in sorted((root / "docs").glob("*.md")))]
+    return {p: (len((root / p).read_text().splitlines()), DOC_LIMITS.get(p, PAGE_LIMIT)) for p in pages}
+
+
+def test_the_readme_and_the_docs_stay_short():
+    over = {p: n for p, (n, limit) in doc_lengths(SRC.parents[1]).items() if n > limit}
+    assert not over, over
+
+
+def test_a_long_page_is_found(tmp_path):  # negative control
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("x\n" * 301)
+    (tmp_path / "docs" / "a.md").write_text("y\n" * 10)
+    assert doc_lengths(tmp_path) == {"README.md": (301, 300), "docs/a.md": (10, 400)}

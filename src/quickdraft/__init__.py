@@ -12,7 +12,8 @@ Public API: `generate`, `Engine`, `EngineConfig` and the config/result dataclass
 """
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
-from quickdraft.engine import Engine, EngineConfig, generate
+from quickdraft.api import generate
+from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import GenerationResult, Round, SpecStats, Verdict
 from quickdraft.verifiers.tree import TokenTree

@@ -24,7 +24,7 @@ from quickdraft.defaults import resolve_drafter, resolve_weights
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from, split_options
+from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.runtime.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention, resolve_device
@@ -57,6 +57,7 @@ class Engine:
         config = config or EngineConfig()
         if dtype is not None and dtype != config.dtype:
             config = options_from({"dtype": dtype}, config)
+        self.requested = config  # as asked, auto left auto (`api.generate` keys its engine by it)
         self.target_info, self.config, self.dtype = target, config, config.dtype
         self.method = METHODS[config.method]
         self.device = resolve_device(config.device)
@@ -286,30 +287,4 @@ class Engine:
         return results if many else results[0]
 
 
-_LOADED: list[Engine] = []  # the one engine `generate()` keeps loaded between calls
-
-
-def generate(prompts: Prompt | Sequence[Prompt], **kwargs) -> GenerationResult | list[GenerationResult]:
-    """One-call API: any option of `options.OPTIONS` by name (method, drafter, draft_length,
-    draft_schedule, confidence_threshold, verifier, gamma, ..., target, dtype, threads), the rest
-    to `Engine.generate` (max_new_tokens, temperature, top_k, top_p, seed, stop, raw). The engine
-    stays loaded while the options that pick it do not change.
-
-    Example:
-        >>> import quickdraft
-        >>> out = quickdraft.generate("What is 2+2?", max_new_tokens=32)     # doctest: +SKIP
-        >>> out.text, out.stats.mean_acceptance_length                      # doctest: +SKIP
-    """
-    engine_options, request, rest = split_options(kwargs)
-    config = options_from(engine_options)
-    loaded_key = _LOADED[0].config if _LOADED else None
-    if loaded_key is None or {**vars(loaded_key), "threads": None} != {**vars(config), "threads": None}:
-        for engine in _LOADED:
-            engine.close()
-        _LOADED[:] = [Engine.load(config=config)]
-    elif config.threads is not None:
-        torch.set_num_threads(config.threads)
-    return _LOADED[0].generate(prompts, **request, **rest)
-
-
-__all__ = ["Engine", "EngineConfig", "QuickdraftError", "generate"]
+__all__ = ["Engine", "EngineConfig", "QuickdraftError"]

@@ -15,6 +15,9 @@ from quickdraft.errors import ContextLengthError, QuickdraftError
 Prompt = str | Sequence[dict] | Sequence[int]
 # fill-in-the-middle tokens (prefix, suffix, middle) by tokenizer family: Qwen2.5-Coder's, StarCoder's
 FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+# tokens that end a fill-in-the-middle answer where a tokenizer has them (the middle is written; what
+# follows them is the model starting another file or marking a cursor)
+FIM_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|cursor|>", "<fim_pad>", "<file_sep>")
 
 
 def context_length(model) -> int:
@@ -97,6 +100,13 @@ class PromptCodec:
         self.check_chars(len(prefix) + len(suffix))
         text = lambda t: list(self.tokenizer(t, add_special_tokens=False).input_ids) if t else []  # noqa: E731
         return [fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
+
+    def fim_stop_ids(self) -> tuple[int, ...]:
+        """Ids that end a fill-in-the-middle answer (FIM_STOPS and the FIM tokens themselves, those the
+        tokenizer has)."""
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        names = (*FIM_STOPS, *(n for family in FIM_TOKENS for n in family))
+        return tuple(sorted({vocab[n] for n in names if n in vocab}))
 
     def decode(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens skipped ("" without a tokenizer)."""

@@ -111,7 +111,10 @@ class Admission:
             raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)
         try:  # the prompt's size is checked before it is tokenized (a huge text costs seconds)
             ids = _prompt_ids(engine, req)
-            sampling, stop = req.options.sampling, req.options.stop_config(engine.target_info.eos_token_ids)
+            eos = engine.target_info.eos_token_ids
+            if req.suffix is not None:  # a middle ends at the FIM family's end-of-file tokens too
+                eos = tuple(sorted({*eos, *engine.prompts.fim_stop_ids()}))
+            sampling, stop = req.options.sampling, req.options.stop_config(eos)
             engine.check_length(len(ids), req.options.max_new_tokens)  # before the request takes a queue slot
             limit = self.state["max_prompt_tokens"]
             if limit is not None and len(ids) > limit:

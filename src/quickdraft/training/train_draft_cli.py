@@ -127,6 +127,7 @@ def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> P
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
+    from quickdraft.defaults import AUTO, auto_weights
     from quickdraft.runtime.native import NativeLlama
     from quickdraft.runtime.quantized import quantize_model
     from quickdraft.training.train_run import TrainRun, summary
@@ -157,7 +158,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     target.model.to(device)
     # the target's states as it runs at inference: under --quantize w4a8 its blocks make the features the
     # drafter will read (and a 1.5B's store fills about 3x faster than in bf16)
-    weights = parse_quantize(args.quantize or "none")
+    mode = args.quantize or AUTO  # auto: as inference resolves it (a GGUF-born target: its own blocks)
+    weights = parse_quantize(auto_weights(target, "bfloat16", "native", device).value if mode == AUTO else mode)
     held = quantize_model(target, weights) if weights.active else None  # held: decode_eval's engines share it
     net = NativeLlama(target.model, held.linears if held is not None else None)
     train = read_seqkd(Path(args.data), "train")
