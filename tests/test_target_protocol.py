@@ -126,7 +126,8 @@ def test_statistics_say_what_ran_alone_in_a_batch_and_in_server_metrics():
     engine = Engine(loaded, options_from({"drafter": "ngram", "draft_length": 2}))
     want = {"method": "sd", "drafter": "ngram", "target": "tiny-0", "weights": "float32", "runtime": "native"}
     alone = engine.generate_ids([1, 2, 3, 1, 2], GREEDY, StopConfig(8)).stats
-    assert alone.ran == {**want, "device": "cpu"} and alone.to_dict()["ran"] == alone.ran
+    choice = "weights none: its own weights (a Hugging Face folder)"  # the one default left open (defaults.py)
+    assert alone.ran == {**want, "device": "cpu", "choice": choice} and alone.to_dict()["ran"] == alone.ran
     batch = engine.generate_batch([[1, 2, 3], [4, 5, 4, 5]], GREEDY, StopConfig(8))
     assert all(r.stats.ran == alone.ran for r in batch)
     assert spec_metrics(alone)["speculative_decoding"]["drafter"] == "ngram"

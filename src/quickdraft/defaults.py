@@ -99,7 +99,8 @@ def resolve_weights(config, target: LoadedModel, device: str, choices: dict[str,
     """`config` (an EngineConfig) with `quantize` auto resolved for `target` (the reason in `choices`)."""
     if config.quantize != AUTO:
         return config
-    choice = auto_weights(target, config.dtype, config.runtime, device)
+    dtype = str(target.model.dtype).removeprefix("torch.")  # as loaded (a caller's model may differ from config.dtype)
+    choice = auto_weights(target, dtype, config.runtime, device)
     choices["weights"] = f"{choice.value}: {choice.reason}"
     return dataclasses.replace(config, quantize=choice.value)
 

@@ -16,8 +16,8 @@ Prompt = str | Sequence[dict] | Sequence[int]
 # fill-in-the-middle tokens (prefix, suffix, middle) by tokenizer family: Qwen2.5-Coder's, StarCoder's
 FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 # tokens that end a fill-in-the-middle answer where a tokenizer has them (the middle is written; what
-# follows them is the model starting another file or marking a cursor)
-FIM_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|cursor|>", "<fim_pad>", "<file_sep>")
+# follows them is the model starting another file)
+FIM_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<fim_pad>", "<file_sep>")
 
 
 def context_length(model) -> int:

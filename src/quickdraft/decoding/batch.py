@@ -43,8 +43,6 @@ from quickdraft.runtime.choose import eager_attention
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree
 
-IDLE_CHUNKS = 4  # with no row running, a step prefills up to this many chunks of a waiting prompt
-
 
 @dataclass
 class BatchUpdate:
@@ -166,11 +164,12 @@ class BatchDecoder:
                 self._leave(i)
 
     def _admit(self) -> list[BatchUpdate]:
-        """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens while rows run,
-        IDLE_CHUNKS times that with none running, so a step never runs long: the caller can cancel a
-        long prompt, or admit another request, between chunks (the server's loop does)."""
+        """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens a step, with rows
+        running or none (a 1.5B prefills 128 tokens in about 2 s on a 2-core AVX2 host), so a step never
+        runs long: the caller can cancel a long prompt, or admit another request, between chunks (the
+        server's loop does)."""
         updates: list[BatchUpdate] = []
-        budget = self.prefill_chunk if self.rows else self.prefill_chunk * IDLE_CHUNKS
+        budget = self.prefill_chunk
         while self.waiting and len(self.rows) < self.target.max_batch and budget > 0:
             job = self.waiting[0]
             start = time.perf_counter()
