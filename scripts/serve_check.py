@@ -86,8 +86,10 @@ def main() -> int:
         out["long_prompt_chars"] = len(long_body["prompt"])
         out["health_slowest_s"], out["health_polls"] = slowest, polls
         out["after_long_s"] = timed(url, SHORT)
-        print(f"long prompt abandoned after 5 s: /health slowest {slowest:.2f} s over {polls} polls; "
-              f"the short request after it {out['after_long_s']:.2f} s (warm {out['warm_s']:.2f} s)")
+        print(
+            f"long prompt abandoned after 5 s: /health slowest {slowest:.2f} s over {polls} polls; "
+            f"the short request after it {out['after_long_s']:.2f} s (warm {out['warm_s']:.2f} s)"
+        )
     finally:
         proc.terminate()
         proc.wait(30)

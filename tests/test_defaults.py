@@ -102,6 +102,7 @@ def test_a_large_vocabulary_gets_a_restricted_head_of_ranked_ids(monkeypatch):
     assert fast_form.fast_form(model, 96, "auto").vocab == "32"
     assert fast_form.fast_form(model.double(), 96, "auto").quant is None  # float64: as loaded
     assert fast_form.fast_form(model.float(), 96, "hf").quant is None
+    assert fast_form.fast_form(model.float(), 96, "auto", "cuda").quant is None  # a draft following a GPU target
 
 
 def test_ids_are_ranked_by_their_counts_and_keyed_by_the_vocabulary():

@@ -278,7 +278,9 @@ DOC_PAGES = ("methods.md", "models.md", "server.md", "performance.md", "training
 def documented_commands() -> list[str]:
     """The commands of the README (after its set-up block) and of every topic page under docs/."""
     pages = [(ROOT / "docs" / name).read_text() for name in DOC_PAGES]
-    return readme_commands((ROOT / "README.md").read_text()) + [c for p in pages for c in readme_commands("```bash\n```\n" + p)]
+    return readme_commands((ROOT / "README.md").read_text()) + [
+        c for p in pages for c in readme_commands("```bash\n```\n" + p)
+    ]
 
 
 def test_every_readme_command_has_exactly_one_case():

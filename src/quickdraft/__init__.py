@@ -11,8 +11,8 @@ Glossary (used everywhere in this package):
 Public API: `generate`, `Engine`, `EngineConfig` and the config/result dataclasses.
 """
 
-from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.api import generate
+from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.engine import Engine, EngineConfig
 from quickdraft.errors import QuickdraftError
 from quickdraft.types import GenerationResult, Round, SpecStats, Verdict

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from quickdraft.config import DTYPES, DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.decoding.registry import METHODS
+from quickdraft.defaults import AUTO
 from quickdraft.drafters.kinds import DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.defaults import AUTO
 from quickdraft.runtime.choose import RUNTIMES, forces_reference, resolve_device
 from quickdraft.weights.quant import QuantSpec, parse_quantize
 

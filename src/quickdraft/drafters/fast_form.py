@@ -39,11 +39,12 @@ class DraftForm:
     window: int | None
 
 
-def fast_form(model: torch.nn.Module, vocab_size: int, runtime: str) -> DraftForm:
-    """The fast form of a draft `model` (module docstring) on `runtime`, for a vocabulary of `vocab_size`."""
+def fast_form(model: torch.nn.Module, vocab_size: int, runtime: str, device: str = "cpu") -> DraftForm:
+    """The fast form of a draft `model` (module docstring) on `runtime`, for a vocabulary of `vocab_size`,
+    drafting on `device` (the target's: a draft follows it there)."""
     params = sum(p.numel() for p in model.parameters())
     weight = next(model.parameters())
-    cpu = weight.device.type == "cpu"
+    cpu = weight.device.type == "cpu" and device == "cpu"
     quantizable = params >= MIN_PARAMS and weight.dtype in QUANT_DTYPES and cpu and not forces_reference(runtime)
     return DraftForm(
         quant=QuantSpec(FAST_QUANT) if quantizable else None,

@@ -19,10 +19,10 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
+from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import model_tree
-from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
 from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
 from quickdraft.drafters.window import ContextWindow, parse_window
 from quickdraft.errors import QuickdraftError
@@ -157,9 +157,7 @@ def parse_model(arg: str | None) -> tuple[str, DraftForm]:
     vocab = options.get("vocab", UNSET)
     window = options.get("window", UNSET)
     window = window if window == UNSET else None if window == ALL else parse_window(window, f"drafter 'model:{arg}'")
-    return path, DraftForm(
-        quant if quant == UNSET else parse_quantize(quant), None if vocab == ALL else vocab, window
-    )
+    return path, DraftForm(quant if quant == UNSET else parse_quantize(quant), None if vocab == ALL else vocab, window)
 
 
 _DRAFTS: dict[tuple[str, str], tuple] = {}  # (path, dtype) -> (weakref to the model, the LoadedModel's other fields)
@@ -191,7 +189,7 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
     path, given = parse_model(spec.arg)
     draft = shared_draft(path, dtype)
-    form = resolve(given, fast_form(draft.model, target.vocab_size, runtime), UNSET)
+    form = resolve(given, fast_form(draft.model, target.vocab_size, runtime, target.model.device.type), UNSET)
     draft.head_ids = restricted_head(target, form.vocab)
     drafter = native_drafter(draft, target, str(spec), runtime, form.quant, form.window)
     drafter.pmin = PMIN

@@ -10,7 +10,8 @@ floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 m
 1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
 one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
 `packing()` times the candidates on a model-sized weight at 1 and 9 rows;
-`QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the first packed one).
+`QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the
+first packed one).
 
 Packed weights are copies made at load time (bf16, inference only): a forward that needs gradients,
 or a dtype other than bf16, uses `F.linear` on the live weight.

@@ -119,9 +119,11 @@ class Admission:
             limit = self.state["max_prompt_tokens"]
             if limit is not None and len(ids) > limit:
                 raise APIError(
-                    400, f"prompt of {len(ids)} tokens exceeds this server's limit of {limit} "
+                    400,
+                    f"prompt of {len(ids)} tokens exceeds this server's limit of {limit} "
                     "(--max-prompt-tokens; by default what this host prefills in about a minute)",
-                    "prompt", code="prompt_too_long",
+                    "prompt",
+                    code="prompt_too_long",
                 )
         except ContextLengthError as exc:
             raise APIError(400, str(exc), "max_tokens", code="context_length_exceeded") from None

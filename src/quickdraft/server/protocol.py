@@ -179,7 +179,9 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
         suffix = body.get("suffix")
         if suffix is not None:
             if not isinstance(suffix, str) or not isinstance(req.prompt, str):
-                raise APIError(400, "'suffix' must be a string, with a text 'prompt' (the code before the gap)", "suffix")
+                raise APIError(
+                    400, "'suffix' must be a string, with a text 'prompt' (the code before the gap)", "suffix"
+                )
             req.suffix = _check_text(suffix, "suffix")
         max_name = "max_tokens"
     settings = {
