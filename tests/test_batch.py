@@ -356,8 +356,9 @@ def test_a_shared_prompt_prefix_is_prefilled_once(model):
     dec = BatchDecoder(target, SuffixDrafter(None), BatchPlan(None, fixed=3), prefill_chunk=8)
     got = run_batch(dec, [(p, GREEDY, StopConfig(10)) for p in prompts])
     assert [c.tokens for c in got] == [_alone(model, p, 10) for p in prompts]
-    # the first prompt whole, then what each prompt does not share with the one before it
-    assert sum(ran) == 23 + 2 + 1 + 18 and ran[:3] == [23, 2, 1]
+    # the first prompt in chunks of 8 (a step never prefills more, idle or not), then what each prompt
+    # does not share with the one before it
+    assert sum(ran) == 23 + 2 + 1 + 18 and ran[:3] == [8, 8, 7] and max(ran) == 8
 
 
 def test_caches_grow_by_doubling_and_keep_their_contents():

@@ -2,7 +2,8 @@
 
 `BatchDecoder.step()` is one round of the whole batch:
 1. admit: waiting sequences are prefilled alone, in chunks of at most `prefill_chunk` tokens per
-   round while others run (so a long prompt never stalls them for more than one chunk), keeping
+   round, others running or not (so a long prompt never stalls them, or its own cancellation, for
+   more than one chunk), keeping
    the prefix a prompt shares with the previous one (a chat template's system prompt), and join
    the batch (a new row of the target's batch cache) with their first token;
 2. draft: every row asks its own drafter (a fork of the configured one: the same data and weights,
