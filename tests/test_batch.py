@@ -225,6 +225,12 @@ def test_plan_reads_the_surface():
     assert fit_max_batch(surface, plan_budgets(surface, gain), gain) == 16
     flat = {(b, w): float(b * w) for b in (1, 2, 4) for w in (1, 2, 5)}  # cost in proportion to rows
     assert fit_max_batch(flat, plan_budgets(flat, gain), gain) == 1  # batching buys nothing
+    # the Qwen pair's w4a8 surface on a 2-core AVX2 host (stop 66), a draft model's fixed chains of 4 (no
+    # gain table): priced as plain rows where nothing measures what drafting commits, 8 rows pay (4 clients
+    # measured 1.8x one there); the old rule priced 4 drafted nodes as one token a row and fitted 1
+    avx2 = {(1, 1): 1.0, (1, 5): 1.62, (2, 1): 1.03, (2, 5): 4.52, (4, 1): 1.73, (4, 5): 7.74}
+    avx2 |= {(8, 1): 2.84, (8, 5): 11.23, (16, 1): 5.77, (16, 5): 23.72}
+    assert fit_max_batch(avx2, {b: 4 for b in (1, 2, 4, 8, 16)}, None) == 8
     plan = BatchPlan(surface, gain, replan=1)
     plan.observe([(4, 0)] * 200)  # drafts never accepted: speculation stops everywhere
     assert plan.budgets == {1: 0, 4: 0, 16: 0} and plan.request(1, 10) is None
