@@ -53,7 +53,7 @@ def main() -> int:
     rows = []
     for prefix, suffix in CASES:
         ids = engine.prompts.encode_fim(prefix, suffix)
-        eos = tuple(sorted({*engine.target_info.eos_token_ids, *engine.prompts.fim_stop_ids()}))
+        eos = engine.prompts.fim_stop_ids(engine.target_info.eos_token_ids)
         request = request_from({"max_new_tokens": args.max_new_tokens})  # greedy, ended as the server ends it
         out = engine.generate_ids(ids, request.sampling, request.stop_config(eos))
         program = prefix + out.text + suffix

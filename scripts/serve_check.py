@@ -1,6 +1,6 @@
 """The server as an editor leans on it (issue #71's goals), measured against a real `quickdraft serve`.
 
-    python scripts/serve_check.py --out docs/bench/serve-pair -- --target qwen2.5-coder-1.5b --threads 2 \
+    cd scripts && python serve_check.py --out ../docs/bench/serve-pair -- --target qwen2.5-coder-1.5b --threads 2 \
         --max-prompt-tokens 32768
 
 Starts the server (the flags after `--`) on a free loopback port and measures, in order:
@@ -15,22 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+from load_test import start_server, wait_ready  # this folder: run as a script
 
 SHORT = {"prompt": "def is_prime(n):\n", "max_tokens": 32, "temperature": 0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(url: str, body: dict, timeout: float = 600) -> float:
@@ -46,22 +39,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/serve"))
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).with_name("quickdraft")), "serve", "--port", str(port), *serve_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    out: dict = {"command": " ".join(cmd[1:])}
+    proc, url = start_server(serve_args)
+    out: dict = {"command": "serve " + " ".join(serve_args)}
     try:
         start = time.perf_counter()
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited: {proc.stderr.read()[-2000:]}")
-            time.sleep(0.5)
+        wait_ready(url, proc, timeout_s=900)
         out["ready_s"] = time.perf_counter() - start
         out["first_s"] = timed(url, SHORT)
         out["warm_s"] = min(timed(url, SHORT) for _ in range(2))

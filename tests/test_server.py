@@ -96,7 +96,7 @@ def test_fill_in_the_middle_builds_the_psm_prompt_and_speculates_on_it():
     ids = [pre, *tok(prefix, add_special_tokens=False).input_ids, suf, *tok(suffix, add_special_tokens=False).input_ids]
     assert engine.prompts.encode_fim(prefix, suffix) == [*ids, mid]
     assert {pre, suf, mid} <= set(engine.prompts.fim_stop_ids())  # a middle ends at the FIM tokens
-    stop = RequestOptions(max_new_tokens=12).stop_config((*target.eos_token_ids, *engine.prompts.fim_stop_ids()))
+    stop = RequestOptions(max_new_tokens=12).stop_config(engine.prompts.fim_stop_ids(target.eos_token_ids))
     want = engine.generate_ids([*ids, mid], SamplingConfig(), stop)  # greedy, ended at the FIM tokens as served
     app = create_app(lambda: engine, NAME, max_queue=2, default_max_tokens=12)
     with TestClient(app) as c:

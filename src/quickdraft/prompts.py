@@ -101,12 +101,12 @@ class PromptCodec:
         text = lambda t: list(self.tokenizer(t, add_special_tokens=False).input_ids) if t else []  # noqa: E731
         return [fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
 
-    def fim_stop_ids(self) -> tuple[int, ...]:
-        """Ids that end a fill-in-the-middle answer (FIM_STOPS and the FIM tokens themselves, those the
-        tokenizer has)."""
+    def fim_stop_ids(self, eos: Sequence[int] = ()) -> tuple[int, ...]:
+        """Ids that end a fill-in-the-middle answer: `eos` (the target's) and FIM_STOPS and the FIM tokens
+        themselves, those the tokenizer has."""
         vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
         names = (*FIM_STOPS, *(n for family in FIM_TOKENS for n in family))
-        return tuple(sorted({vocab[n] for n in names if n in vocab}))
+        return tuple(sorted({*eos, *(vocab[n] for n in names if n in vocab)}))
 
     def decode(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens skipped ("" without a tokenizer)."""

@@ -113,7 +113,7 @@ class Admission:
             ids = _prompt_ids(engine, req)
             eos = engine.target_info.eos_token_ids
             if req.suffix is not None:  # a middle ends at the FIM family's end-of-file tokens too
-                eos = tuple(sorted({*eos, *engine.prompts.fim_stop_ids()}))
+                eos = engine.prompts.fim_stop_ids(eos)
             sampling, stop = req.options.sampling, req.options.stop_config(eos)
             engine.check_length(len(ids), req.options.max_new_tokens)  # before the request takes a queue slot
             limit = self.state["max_prompt_tokens"]

@@ -176,8 +176,7 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required", "prompt")
         req.prompt = _prompt(body["prompt"])
-        suffix = body.get("suffix")
-        if suffix is not None:
+        if (suffix := body.get("suffix")) is not None:
             if not isinstance(suffix, str) or not isinstance(req.prompt, str):
                 raise APIError(
                     400, "'suffix' must be a string, with a text 'prompt' (the code before the gap)", "suffix"
