@@ -23,7 +23,9 @@ def _gguf_born(name: str = "some-model-q4_k_m"):
     return dataclasses.replace(tiny_llama(), name=name, gguf=Path("/nowhere/some-model.gguf"))
 
 
-def test_a_gguf_born_target_runs_its_own_blocks_unless_they_cannot_run():
+def test_a_gguf_born_target_runs_its_own_blocks_unless_they_cannot_run(monkeypatch):
+    stored = {"model.layers.0.mlp.down_proj.weight": "Q4_K", "lm_head.weight": "Q6_K"}
+    monkeypatch.setattr(defaults, "gguf_types", lambda path, config: stored)
     assert defaults.auto_weights(_gguf_born(), "bfloat16", "auto", "cpu").value == "w4a8"
     assert defaults.auto_weights(_gguf_born(), "float32", "native", "cpu").value == "w4a8"
     for dtype, runtime, why in (("float64", "auto", "float64"), ("bfloat16", "hf", "--runtime hf")):
@@ -32,6 +34,9 @@ def test_a_gguf_born_target_runs_its_own_blocks_unless_they_cannot_run():
     assert defaults.auto_weights(tiny_llama(), "bfloat16", "auto", "cpu").value == "none"  # a folder's own weights
     default = _gguf_born("SmolLM2-135M-Instruct")
     assert defaults.auto_weights(default, "bfloat16", "auto", "cpu").value == "w4a8"  # measured: docs/benchmarks.md
+    stored["model.layers.0.mlp.up_proj.weight"] = "IQ2_XXS"  # no format runs it: the conversion, and why
+    choice = defaults.auto_weights(_gguf_born(), "bfloat16", "auto", "cpu")
+    assert choice.value == "none" and "IQ2_XXS" in choice.reason
 
 
 def test_a_known_draft_mixes_with_suffix_branches_only_where_they_pay(monkeypatch, tmp_path):

@@ -4,9 +4,10 @@ drafter (`--drafter auto`), both the defaults. Each is chosen once the target is
 one-line reason that the statistics, `--json` (`stats.ran.choice`) and the server's metrics carry.
 
     weights   a GGUF-born target (a named one, `--target FILE.gguf`) runs its own blocks (`w4a8`: Q4_K,
-              Q6_K, Q8_0, ... as stored, times int8 activations), the model the user downloaded, as
-              llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime hf`, a GPU) its
-              bf16/float conversion runs and the reason says so. The embedded default too (its Q4_1
+              Q6_K, Q8_0, ... as stored, times int8 activations: `runtime/formats`), the model the user
+              downloaded, as llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime
+              hf`, a GPU, a block type without a format) its bf16/float conversion runs and the reason
+              says so. The embedded default too (its Q4_1
               blocks): measured on an AVX2 EPYC (Spec-Bench quick, one run), its suffix default ran 57.3
               tokens/s there against 36.5 on the bf16 conversion its drafts were made on (docs/benchmarks.md,
               stop 66).
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 
 from quickdraft.costs import cost_curve as curves
 from quickdraft.drafters.suffix import TREE_GAIN, with_suffix_cache
+from quickdraft.runtime import formats
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
+from quickdraft.weights.gguf_weights import gguf_types
 from quickdraft.weights.loading import LoadedModel
 
 AUTO = "auto"
@@ -51,6 +54,9 @@ def auto_weights(target: LoadedModel, dtype: str, runtime: str, device: str) -> 
     blocker = quantized_blocker(dtype, runtime, device)
     if blocker is not None:
         return Choice("none", f"the GGUF's conversion, not its own blocks: {blocker}")
+    missing = formats.unsupported(gguf_types(target.gguf, target.model.config).values())
+    if missing:
+        return Choice("none", f"the GGUF's conversion: no kernel here runs its {', '.join(missing)} blocks as stored")
     return Choice("w4a8", "the GGUF's own blocks, as stored (--quantize none: its bf16 conversion)")
 
 

@@ -31,8 +31,8 @@ def kernel_form(lin) -> tuple[int, torch.Tensor, torch.Tensor, int] | None:
         return 0, lin.packed, _NONE, lin.weight.shape[0]
     if isinstance(lin, PackedRows) and lin.kind == "fused":
         return 0, lin.packed, _NONE, lin.out
-    if isinstance(lin, W8A8Linear):
-        return 1, lin.packed, lin.packed_scales, lin.out_features
+    if isinstance(lin, W8A8Linear):  # with mins (kind 5), the packed scales hold them after the scales
+        return 1 if lin.mins is None else 5, lin.packed, lin.packed_scales, lin.out_features
     if isinstance(lin, W4A8Linear):
         return 2, lin.packed, _NONE, lin.out_features
     if isinstance(lin, W6A8Linear):

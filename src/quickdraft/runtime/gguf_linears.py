@@ -1,7 +1,8 @@
-"""A GGUF's linears in kernel form, keyed by Hugging Face parameter name: its blocks as decoded by
-`weights/gguf_weights.py` (Q4_0/Q4_1/Q4_K codes, Q8_0/Q5_0 8-bit codes, Q6_K values), packed for the
-kernels that run them (w4a8, w8a8: `runtime/w4a8.py`, `runtime/w8a8.py`; int4/int8: aten's). Q4_K and
-Q6_K run as stored go from the file's rows to the kernels' layout in one C++ pass (`pack_q4k_gguf`,
+"""A GGUF's linears in kernel form, keyed by Hugging Face parameter name. As stored (w4a8 and w8a8 forms,
+the default): each tensor's rows through its type's record in `runtime/formats` (twelve block types; a
+type without one is refused in one line). `--quantize gguf`'s forms: the blocks as decoded by
+`weights/gguf_weights.py` (Q4_0/Q4_1/Q4_K codes, Q8_0/Q5_0 8-bit codes, Q6_K values) packed for aten's
+int4/int8. Q4_K and Q6_K go from the file's rows to the kernels' layout in one C++ pass (`pack_q4k_gguf`,
 `pack_q6_gguf`: the 1.5B's linears in 1.2 s, where decoding them in numpy first took 9.4 s)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.runtime import formats
 from quickdraft.runtime.q4k import Q4KLinear
 from quickdraft.runtime.w4a8 import W4A8Linear
 from quickdraft.runtime.w6a8 import W6A8Linear
@@ -55,19 +57,27 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
     heads = permuted_heads(config)
     linears: dict[str, object] = {}
     types: dict[str, int] = {}
-    for name, role, t in linear_tensors(path, config):
+    stored = (q8, q4) == ("w8a8", "w4a8")
+    tensors = list(linear_tensors(path, config))
+    missing = formats.unsupported(t.tensor_type.name for _, _, t in tensors) if stored else []
+    if missing:
+        raise QuickdraftError(
+            f"{path.name}: GGUF type {', '.join(missing)} has no kernel here to run as stored "
+            f"(runs: {formats.describe()}); use --quantize none (its bf16 conversion) or int8"
+        )
+    for name, role, t in tensors:
         kind = t.tensor_type.name
         types[kind] = types.get(kind, 0) + 1
         raw = np.asarray(t.data)
-        if kind in ("F32", "F16", "BF16") or (kind == "Q8_0" and q8 == "bf16"):
+        if kind in formats.FLOATS or (kind == "Q8_0" and q8 == "bf16"):
             continue
-        if (kind == "Q4_K" and q4 == "w4a8") or (kind == "Q6_K" and q8 == "w8a8"):  # as stored, in one pass
-            with warnings.catch_warnings():  # the file's read-only memory map: the packers only read it
+        if stored or (kind == "Q4_K" and q4 == "w4a8"):  # as stored: the type's record
+            with warnings.catch_warnings():  # the file's read-only memory map: the builders only read it
                 warnings.simplefilter("ignore", UserWarning)
                 rows = torch.from_numpy(np.ascontiguousarray(raw))
             if role in heads:
                 rows = rows[unpermute_rows(raw.shape[0], heads[role])]
-            linears[name] = (Q4KLinear if kind == "Q4_K" else W6A8Linear).from_gguf(rows)
+            linears[name] = formats.FORMATS[kind].linear(rows)
             continue
         form = tensor_blocks(raw, kind, path.name, t.name)
         if role in heads:

@@ -19,7 +19,7 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import release_free_memory
-from quickdraft.runtime import kernels
+from quickdraft.runtime import formats, kernels
 from quickdraft.runtime.gguf_linears import gguf_linears
 from quickdraft.runtime.q4k import Q4KLinear
 from quickdraft.runtime.rows import KeptRows, fused_slices
@@ -27,7 +27,7 @@ from quickdraft.runtime.w4a8 import w4a8_linear
 from quickdraft.runtime.w6a8 import W6A8Linear
 from quickdraft.runtime.w8a8 import w8a8_linear
 from quickdraft.weights.gguf_convert import open_gguf
-from quickdraft.weights.gguf_weights import FOUR_BIT, GGUF_DIRECT, gguf_float_reader, gguf_types
+from quickdraft.weights.gguf_weights import FOUR_BIT, gguf_float_reader, gguf_types
 from quickdraft.weights.loading import LoadedModel
 from quickdraft.weights.quant import QuantSpec, check_dtype, int4_linear, int8_linear
 
@@ -165,14 +165,10 @@ def _float32_source(loaded: LoadedModel):
 
 
 def _gguf_w4a8(loaded: LoadedModel) -> tuple[dict[str, object], str]:
-    """w4a8 linears from the GGUF the model came from (gguf_weights.py: Q4_0/Q4_1/Q4_K as 4-bit blocks,
-    Q8_0/Q5_0 as exact w8a8 blocks, Q6_K re-rounded to w8a8), and their source, where its linears hold
-    only such block types (`_own_blocks`; else w4a8 quantizes the weights converted from it)."""
+    """w4a8 linears from the GGUF the model came from, each block type as stored (`runtime/formats`), and
+    their source, where every linear's type has a format (`_own_blocks`)."""
     linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
-    return (
-        linears,
-        f"{loaded.gguf.name} ({_counts(counted)}; 4-bit and Q8_0/Q5_0 blocks as stored, Q6_K re-rounded to w8a8)",
-    )
+    return linears, f"{loaded.gguf.name} ({_counts(counted)}; every block as stored)"
 
 
 def _counts(types: dict[str, int]) -> str:
@@ -257,15 +253,21 @@ def _w4a8_types(loaded: LoadedModel, spec: QuantSpec) -> dict[str, str]:
 
 def _own_blocks(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> bool:
     """Whether `spec` runs the GGUF's own blocks (w4a8 over linears of block types it packs as stored)."""
-    return spec.mode == "w4a8" and not loaded.trained and bool(types) and set(types.values()) <= set(GGUF_DIRECT)
+    return spec.mode == "w4a8" and not loaded.trained and bool(types) and formats.as_stored(types.values())
 
 
 def _build(loaded: LoadedModel, spec: QuantSpec, types: dict[str, str]) -> Quantized:
     """`types`: `_w4a8_types` of `loaded` and `spec`."""
     start = time.perf_counter()
     config = loaded.model.config
+    missing = formats.unsupported(types.values()) if not loaded.trained else []
+    if missing:  # never requantized silently: the user's file is what runs, or nothing does
+        raise QuickdraftError(
+            f"--quantize w4a8: {loaded.gguf.name} holds GGUF type {', '.join(missing)}, which no kernel here runs "
+            f"as stored (runs: {formats.describe()}); use --quantize none (its bf16 conversion) or int8"
+        )
     own = _gguf_w4a8(loaded) if _own_blocks(loaded, spec, types) else None
-    if own is not None:  # the GGUF's own 4-bit blocks, an 8-bit head
+    if own is not None:  # the GGUF's own blocks as stored
         linears, source = own
     elif spec.mode == "gguf":
         if loaded.gguf is None:

@@ -77,9 +77,11 @@ def concat_rows(parts: list):
             and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
         ):
             return whole
-    for kind in (Int8Linear, W8A8Linear):
-        if all(isinstance(p, kind) for p in parts):
-            return kind(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, Int8Linear) for p in parts):
+        return Int8Linear(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, W8A8Linear) for p in parts) and len({p.mins is None for p in parts}) == 1:
+        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+        return W8A8Linear(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]), mins)
     if all(isinstance(p, W4A8Linear) for p in parts):
         return concat_w4a8(parts)
     if all(isinstance(p, Q4KLinear) for p in parts) and len({p.shape[1] for p in parts}) == 1:

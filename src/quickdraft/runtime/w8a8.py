@@ -1,6 +1,7 @@
-"""W8A8 linears: int8 weights in blocks of 32 inputs (a scale each) times activations quantized the
-same way per row on the fly (llama.cpp's Q8_0 x Q8_0), on quickdraft's fused kernels
-(`runtime/kernels`: `pack_int8`, `pack_blocks`, `linear_w8a8`)."""
+"""W8A8 linears: int8 weights in blocks of 32 inputs (a scale each, and optionally a min per 16) times
+activations quantized the same way per row on the fly (llama.cpp's Q8_0 x Q8_0; with mins, its Q5_1 /
+Q5_K / Q2_K x Q8 dot products), on quickdraft's fused kernels (`runtime/kernels/linear_int8.h`:
+`pack_int8`, `pack_blocks`, `linear_w8a8`, `linear_w8a8_min`)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,24 @@ class W8A8Linear:
     Args:
         q: (out, in) int8 codes in [-127, 127].
         scales: (out, ceil(in / 32)) float32 block scales: W[o, k] = q[o, k] * scales[o, k // 32].
+        mins: None, or (out, ceil(in / 16)) float32 mins per half-block: W[o, k] += mins[o, k // 16].
     """
 
-    __slots__ = ("shape", "scales", "packed", "packed_scales", "_kernel")
+    __slots__ = ("shape", "scales", "mins", "packed", "packed_scales", "_kernel")
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor) -> None:
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None) -> None:
         ops = kernels.fused_ops()
         if ops is None:
             raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
         self.shape, self.scales = tuple(q.shape), scales.float().contiguous()
+        self.mins = None if mins is None else mins.float().contiguous()
+        if self.mins is not None and self.mins.shape != (self.shape[0], 2 * self.scales.shape[1]):
+            raise QuickdraftError(f"w8a8 mins must be (out, 2 x blocks of 32), not {tuple(self.mins.shape)}")
         self.packed = ops.pack_int8(q.contiguous())  # (ceil(out/16), blocks * 8, 16, 4) uint8: q + 128
-        self.packed_scales = ops.pack_blocks(self.scales)
-        self._kernel = ops.linear_w8a8
+        # (ceil(out/16), blocks (+ 2 blocks of mins), 16): a tile's scales, then its mins
+        values = self.scales if self.mins is None else torch.cat([self.scales, self.mins], dim=1)
+        self.packed_scales = ops.pack_blocks(values)
+        self._kernel = ops.linear_w8a8 if self.mins is None else ops.linear_w8a8_min
 
     @property
     def q(self) -> torch.Tensor:
@@ -44,10 +51,14 @@ class W8A8Linear:
         return kernels.on_rows(self._kernel, x, self.shape[0], self.packed, self.packed_scales)
 
     def rows(self, ids: torch.Tensor) -> W8A8Linear:
-        return W8A8Linear(self.q[ids], self.scales[ids])
+        return W8A8Linear(self.q[ids], self.scales[ids], None if self.mins is None else self.mins[ids])
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.shape[1]]
+        """(out, in) float32: the weight the kernel computes with, q s (+ mn)."""
+        w = self.q.float() * self.scales.repeat_interleave(W8A8_BLOCK, dim=1)[:, : self.shape[1]]
+        if self.mins is not None:
+            w += self.mins.repeat_interleave(W8A8_BLOCK // 2, dim=1)[:, : self.shape[1]]
+        return w
 
     @property
     def out_features(self) -> int:
@@ -55,7 +66,7 @@ class W8A8Linear:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() + 4 * self.scales.numel()
+        return self.packed.numel() + 4 * self.packed_scales.numel()
 
 
 CHUNK_ROWS = 4096  # rows quantized at a time: a 151,936-row LM head's float temporaries stay ~100 MB

@@ -3,7 +3,8 @@
 //   block_ops.h    add_rms_norm, rope_store, silu_mul, gelu_tanh_mul      (runtime/llama_block.py)
 //   attention.h    attend                                                 (runtime/llama_block.py)
 //   linear_bf16.h  pack_bf16, linear_packed                               (runtime/linear.py)
-//   linear_int8.h  pack_int8, pack_blocks, linear_w8a8                    (runtime/w8a8.py)
+//   int8_rows.h    the int8-activation linears' shared parts: the rows' quantization, stores
+//   linear_int8.h  pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min   (runtime/w8a8.py)
 //   linear_q4.h    pack_q4, linear_w4a8                                   (runtime/w4a8.py)
 //   linear_q6.h    pack_q6, linear_w6a8                                   (runtime/w6a8.py)
 //   linear_q4k.h   pack_q4k, linear_q4k                                   (runtime/q4k.py)
@@ -68,6 +69,7 @@ inline double fast_exp(double x) { return std::exp(x); }
 #include "block_ops.h"
 #include "attention.h"
 #include "linear_bf16.h"
+#include "int8_rows.h"
 #include "linear_int8.h"
 #include "linear_q4.h"
 #include "linear_q6.h"
@@ -90,6 +92,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &pack_int8, kFree, "(N, K) int8 weights in linear_w8a8's layout (N/16, K/4, 16, 4), K padded to 32");
   m.def("pack_blocks", &pack_blocks, kFree, "(N, K/32) per-block scales in linear_w8a8's layout (N/16, K/32, 16)");
   m.def("linear_w8a8", &linear_w8a8, kFree, "x W^T with int8 weights and per-row int8 activations (VNNI where present)");
+  m.def("linear_w8a8_min", &linear_w8a8_min, kFree, "linear_w8a8 with a float min per output and 16 inputs (w = s q + mn), after the scales");
   m.def("pack_q4", &pack_q4, kFree, "(N, K) 4-bit codes with (N, K/32) scales and mins in linear_w4a8's layout (N/16, K/32, 320)");
   m.def("linear_w4a8", &linear_w4a8, kFree, "x W^T with 4-bit weights (q d + m) and per-row int8 activations (VNNI)");
   m.def("pack_q6", &pack_q6, kFree, "(N, K) 6-bit codes, (N, K/16) int8 scales, (N, K/256) d in linear_w6a8's layout (N/16, K/32, 448)");

@@ -8,7 +8,8 @@
 // What llama_block.Block._fused_forward does layer by layer from Python, without Python between the
 // kernels (measured on an AMD EPYC, 2 threads: about 0.7 ms of a 4.4 ms w4a8 step was Python and small
 // torch ops). The same kernels in the same order, so the same bits. A linear is (kind, a, b, out):
-// kind 0 = linear_packed(a), 1 = linear_w8a8(a, scales b), 2 = linear_w4a8(a), 3 = linear_w6a8(a), 4 = linear_q4k(a).
+// kind 0 = linear_packed(a), 1 = linear_w8a8(a, scales b), 2 = linear_w4a8(a), 3 = linear_w6a8(a), 4 = linear_q4k(a),
+// 5 = linear_w8a8_min(a, scales and mins b).
 Tensor run_linear(const Tensor& x, int64_t kind, const Tensor& a, const Tensor& b, int64_t out) {
   switch (kind) {
     case 0: return linear_packed(x, a, out);
@@ -16,6 +17,7 @@ Tensor run_linear(const Tensor& x, int64_t kind, const Tensor& a, const Tensor& 
     case 2: return linear_w4a8(x, a, out);
     case 3: return linear_w6a8(x, a, out);
     case 4: return linear_q4k(x, a, out);
+    case 5: return linear_w8a8_min(x, a, b, out);
     default: TORCH_CHECK(false, "llama_layers: unknown linear kind ", kind);
   }
 }

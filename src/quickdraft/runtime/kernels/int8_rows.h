@@ -1,0 +1,137 @@
+// The int8-activation linears' shared parts (linear_int8.h, linear_q4.h, linear_q6.h, linear_q4k.h): the
+// rows' quantization per block of 32 (llama.cpp's Q8_0 activations), the tiles' row-count dispatch and
+// their stores, and AVX2's stand-ins for VNNI's vpdpbusd. A part of fused.cpp's one translation unit
+// (included inside its anonymous namespace, after its shared helpers): not compiled alone.
+#pragma once
+
+constexpr int kQBlock = 32;  // inputs per scale block (the activations' and every int8 linear's)
+
+// 16 outputs of one row from float32 accumulators, in the output's dtype (bf16: round to nearest even):
+// every int8-activation tile's last step
+template <typename out_t>
+inline void store16(const float* v, out_t* y) {
+  for (int i = 0; i < kBlock; ++i) {
+    if constexpr (std::is_same_v<out_t, float>) {
+      y[i] = v[i];
+    } else {
+      *reinterpret_cast<uint16_t*>(y + i) = float_to_bf16(v[i]);
+    }
+  }
+}
+// f(std::integral_constant<int, r>{}) for a tile of r rows, 1 <= r <= Max (r beyond: Max): a tile's
+// rows are a template argument, so each count is its own instantiation
+template <int Max, typename F>
+inline void with_rows(int64_t r, F&& f) {
+  if constexpr (Max > 1) {
+    if (r >= Max) return f(std::integral_constant<int, Max>{});
+    return with_rows<Max - 1>(r, f);
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+#if defined(__AVX512F__)
+template <typename out_t>
+inline void store16(__m512 v, out_t* y) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    _mm512_storeu_ps(y, v);
+  } else {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    alignas(64) float tmp[kBlock];
+    _mm512_store_ps(tmp, v);
+    store16(tmp, y);
+#endif
+  }
+}
+#endif
+
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+// AVX2 without VNNI (levels avx2 and avx512): 16 outputs as two 8-output halves of 256 bits, and
+// vpdpbusd's products from two instructions: vpmaddubsw multiplies unsigned bytes by signed ones and adds
+// pairs into int16, vpmaddwd adds pairs of those into int32. The int16 pairs are exact while a code is
+// below 129 (2 x 128 x 127 < 2^15): 4- and 6-bit codes as they are, int8 weights after their sign has
+// moved onto the activations. The integer sums are the VNNI path's, and the float steps its, in its order.
+inline __m256i pairs_u8s8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }  // int16 pair sums
+inline __m256i quads_i16(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }  // to int32
+inline __m256i bcast4(const int8_t* x) {  // a quad of activations in every 32-bit lane
+  int32_t quad;
+  std::memcpy(&quad, x, sizeof quad);
+  return _mm256_set1_epi32(quad);
+}
+template <typename out_t>
+inline void store16(__m256 lo, __m256 hi, out_t* y) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    _mm256_storeu_ps(y, lo);
+    _mm256_storeu_ps(y + 8, hi);
+  } else {
+    alignas(32) float tmp[kBlock];
+    _mm256_store_ps(tmp, lo);
+    _mm256_store_ps(tmp + 8, hi);
+    store16(tmp, y);
+  }
+}
+inline __m256 half8(const uint8_t* p) {  // 8 fp16 -> float
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// rows (M, K) -> per row and block of 32: symmetric int8 codes (row stride Kp), their scales, 128 x their sums
+// and the sums of each half-block of 16 (xh, (M, 2 KB): the min terms of weights with a min per 16 or 32)
+template <typename in_t>
+void quantize_rows(const in_t* X, int64_t M, int64_t K, int64_t Kp, int64_t KB, int8_t* xq, float* sx, int32_t* xc,
+                   int32_t* xh) {
+  const auto one = [&](int64_t m, int64_t b) {  // one row's block: independent of every other
+    float buf[kQBlock];
+    const int64_t k0 = b * kQBlock, n = std::min<int64_t>(K, k0 + kQBlock) - k0;
+    float amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      buf[i] = static_cast<float>(X[m * K + k0 + i]);
+      amax = std::max(amax, std::fabs(buf[i]));
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    sx[m * KB + b] = amax / 127.f;
+    int32_t half[2] = {0, 0};
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = static_cast<int32_t>(std::lrint(buf[i] * inv));  // inlined: no errno
+      xq[m * Kp + k0 + i] = static_cast<int8_t>(v);
+      half[i >= kQBlock / 2] += v;
+    }
+    xc[m * KB + b] = 128 * (half[0] + half[1]);
+    xh[m * 2 * KB + 2 * b] = half[0];
+    xh[m * 2 * KB + 2 * b + 1] = half[1];
+  };
+  if (M == 1) {  // a one-row step: too little work to share
+    for (int64_t b = 0; b < KB; ++b) one(0, b);
+    return;
+  }
+  at::parallel_for(0, M * KB, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) one(i / KB, i % KB);
+  });
+}
+
+// A call's rows quantized as `quantize_rows` does, into this thread's buffers (reused call after call):
+// codes with row stride Kp (zero-padded), scales and 128 x block sums, (M, KB) each, half-block sums (M, 2 KB).
+struct QuantizedRows {
+  std::vector<int8_t> xq;
+  std::vector<float> sx;
+  std::vector<int32_t> xc;  // 128 x each block's sum of codes (w8a8: the weights' shift, taken back)
+  std::vector<int32_t> xh;  // each half-block's sum of codes (the mins of linear_w8a8_min)
+};
+
+const QuantizedRows& quantized_rows(const Tensor& x, int64_t Kp, int64_t KB) {
+  thread_local QuantizedRows q;
+  const int64_t M = x.size(0), K = x.size(1);
+  const Tensor xc = x.contiguous();
+  q.xq.assign(M * Kp, 0);
+  q.sx.resize(M * KB);
+  q.xc.resize(M * KB);
+  q.xh.resize(2 * M * KB);
+  AT_DISPATCH_SWITCH(x.scalar_type(), "quantized_rows",
+    AT_DISPATCH_CASE(at::kFloat, [&] { quantize_rows(xc.data_ptr<float>(), M, K, Kp, KB, q.xq.data(), q.sx.data(), q.xc.data(), q.xh.data()); })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      quantize_rows(xc.data_ptr<at::BFloat16>(), M, K, Kp, KB, q.xq.data(), q.sx.data(), q.xc.data(), q.xh.data());
+    }));
+  return q;
+}
