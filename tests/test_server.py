@@ -103,12 +103,19 @@ def test_fill_in_the_middle_builds_the_psm_prompt_and_speculates_on_it():
         wait_ready(c)
         body = {"prompt": prefix, "suffix": suffix, "max_tokens": 12, "temperature": 0, "return_spec_stats": True}
         got = c.post("/v1/completions", json=body).json()
+        infill = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 12, "temperature": 0}
+        shaped = c.post("/infill", json=infill).json()  # llama.cpp's shape of the same request
+        refused = c.post("/infill", json={**infill, "stream": True})
     assert got["choices"][0]["text"] == want.text and got["usage"]["prompt_tokens"] == len(ids) + 1
     assert got["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
+    assert shaped["content"] == want.text and shaped["stop"] is True
+    assert shaped["tokens_evaluated"] == len(ids) + 1 and shaped["tokens_predicted"] == len(want.token_ids)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream"
 
 
 def test_models_health_and_completion(client, engine):
-    assert client.get("/health").json() == {"status": "ok"}
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and 0 < health["rss_mib"] <= health["peak_rss_mib"]  # memory reported
     assert client.get("/v1/models").json()["data"][0]["id"] == NAME
     body = good(client)
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] in ("stop", "length")
@@ -193,6 +200,7 @@ def test_metrics_count_speculation(client):
     assert 'quickdraft:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
     assert "quickdraft:generation_tokens_total" in text
     assert 'quickdraft:requests_total{route="/v1/completions",status="200"}' in text
+    assert "process_resident_memory_bytes" in text and "quickdraft:peak_resident_memory_bytes" in text
 
 
 # --- bad input: OpenAI-shaped 4xx, never 500, and the next good request succeeds --------------------

@@ -29,7 +29,7 @@ from quickdraft.weights.loading import LoadedModel
 
 KEYS = ("quantize", "lookup")
 # llama.cpp's file types (llama.h: LLAMA_FTYPE_MOSTLY_*) for the requantized copies
-FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}
+FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32, "q5_1": 9, "q2_k": 10, "q3_k_m": 12, "q5_k_m": 17, "iq4_nl": 25, "iq4_xs": 30}
 QUANTS = ("gguf", *FTYPES)
 
 

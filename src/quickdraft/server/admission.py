@@ -105,7 +105,11 @@ class Admission:
 
     async def admit(self, request: Request, kind: str) -> Admitted | None:
         """Validate `request` and start its generation; None when the queue is full (429)."""
-        req = parse_request(await self.read_json(request), kind, self.default_max_tokens)
+        return self.admit_body(await self.read_json(request), kind)
+
+    def admit_body(self, body: object, kind: str) -> Admitted | None:
+        """`admit` of a parsed JSON body."""
+        req = parse_request(body, kind, self.default_max_tokens)
         engine = self.ready_engine()
         if req.model is not None and req.model != self.name:
             raise APIError(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError", 404)

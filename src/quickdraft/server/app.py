@@ -1,7 +1,7 @@
 """HTTP transport: OpenAI-compatible routes over one Engine (FastAPI + uvicorn). No algorithm code.
 
-Routes: /v1/completions, /v1/chat/completions (JSON or SSE stream), /v1/models, /health (503 while
-loading), /metrics (Prometheus text). Client errors are OpenAI-shaped 4xx bodies (protocol.py).
+Routes: /v1/completions, /v1/chat/completions (JSON or SSE stream), /infill (llama.cpp's FIM shape),
+/v1/models, /health (503 while loading; memory when ready), /metrics (Prometheus text, process memory). Client errors are OpenAI-shaped 4xx bodies (protocol.py).
 What a request passes before it runs is `admission.py`; how its result reaches the client (JSON,
 SSE, cancellation on disconnect) is `streaming.py`; the counters are `metrics.py`.
 """
@@ -19,7 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quickdraft.engine import Engine
 from quickdraft.server.admission import MAX_BODY_BYTES, Admission
 from quickdraft.server.batcher import Batcher
-from quickdraft.server.metrics import CountRequests, Metrics
+from quickdraft.server.infill import completion_body, infill_response
+from quickdraft.server.metrics import CountRequests, Metrics, memory
 from quickdraft.server.protocol import APIError, full_response, new_id
 from quickdraft.server.streaming import sse, wait_result
 
@@ -68,7 +69,7 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         admission.ready_engine()
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **memory()})
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -84,12 +85,14 @@ def create_app(
         metrics.max_batch.set(worker.capacity)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def busy() -> Response:
+        text = f"server busy: {worker.capacity} requests running and {worker.max_queue} waiting"
+        return error_response(APIError(429, text, type_="rate_limit_exceeded"), headers={"Retry-After": "1"})
+
     async def completion(request: Request, kind: str) -> Response:
         job = await admission.admit(request, kind)
         if job is None:
-            text = f"server busy: {worker.capacity} requests running and {worker.max_queue} waiting"
-            busy = APIError(429, text, type_="rate_limit_exceeded")
-            return error_response(busy, headers={"Retry-After": "1"})
+            return busy()
         rid, name = new_id(kind), admission.name
         if job.req.stream:
             return StreamingResponse(sse(request, job, rid, name, worker, metrics), media_type="text/event-stream")
@@ -102,6 +105,17 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await completion(request, "completion")
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Response:
+        job = admission.admit_body(completion_body(await admission.read_json(request)), "completion")
+        if job is None:
+            return busy()
+        result = await wait_result(request, job, worker)
+        if result is None:
+            return Response(status_code=499)
+        metrics.observe(result)
+        return JSONResponse(infill_response(result, len(job.ids), admission.name))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -3,7 +3,9 @@ counts requests by route and status."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import resource
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 from quickdraft.types import GenerationResult
 
@@ -31,6 +33,9 @@ class Metrics:
         self.running = Gauge("quickdraft:num_requests_running", "requests in the running batch", registry=r)
         self.waiting = Gauge("quickdraft:num_requests_waiting", "requests queued behind the batch", registry=r)
         self.max_batch = Gauge("quickdraft:max_batch_size", "the most requests decoded together", registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        self.peak = Gauge("quickdraft:peak_resident_memory_bytes", "the process's peak resident memory", registry=r)
+        self.peak.set_function(peak_rss)
 
     def observe(self, result: GenerationResult) -> None:
         s = result.stats
@@ -64,3 +69,16 @@ class CountRequests:
             await self.app(scope, receive, send_counted)
         finally:
             self.metrics.requests.labels(route=scope["path"], status=str(status["code"])).inc()
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory in bytes (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory() -> dict:
+    """Resident and peak memory in MiB, as /health reports them."""
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * resource.getpagesize()
+    peak = max(rss, peak_rss())  # the kernel's high-water mark is updated lazily: never below now
+    return {"rss_mib": round(rss / 2**20, 1), "peak_rss_mib": round(peak / 2**20, 1)}
