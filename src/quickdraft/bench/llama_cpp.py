@@ -29,7 +29,18 @@ from quickdraft.weights.loading import LoadedModel
 
 KEYS = ("quantize", "lookup")
 # llama.cpp's file types (llama.h: LLAMA_FTYPE_MOSTLY_*) for the requantized copies
-FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32, "q5_1": 9, "q2_k": 10, "q3_k_m": 12, "q5_k_m": 17, "iq4_nl": 25, "iq4_xs": 30}
+FTYPES = {
+    "q4_0": 2,
+    "q4_1": 3,
+    "q8_0": 7,
+    "bf16": 32,
+    "q5_1": 9,
+    "q2_k": 10,
+    "q3_k_m": 12,
+    "q5_k_m": 17,
+    "iq4_nl": 25,
+    "iq4_xs": 30,
+}
 QUANTS = ("gguf", *FTYPES)
 
 
@@ -46,8 +57,11 @@ def _llama_cpp_installed() -> None:
 
 def quantized_copy(gguf: Path, quant: str) -> Path:
     """The GGUF in `quant` weights: the file itself for "gguf", else a copy requantized once with
-    llama.cpp's `llama_model_quantize` (2 threads, in a child process) and cached under the quickdraft cache."""
-    if quant not in QUANTS:
+    llama.cpp's `llama_model_quantize` (2 threads, in a child process) and cached under the quickdraft cache.
+    A "-pure" suffix ("q2_k-pure") quantizes every tensor it can to that type (llama.cpp's `--pure`: no
+    finer types for the sensitive ones)."""
+    pure = quant.endswith("-pure")
+    if quant.removesuffix("-pure") not in QUANTS or (pure and quant == "gguf-pure"):
         raise QuickdraftError(f"llama-cpp: quantize must be one of {', '.join(QUANTS)}, not {quant!r}")
     if quant == "gguf":
         return gguf
@@ -58,7 +72,7 @@ def quantized_copy(gguf: Path, quant: str) -> Path:
         tmp = out.with_suffix(".partial")
         child = ChildPeer(f"llama-cpp:quantize={quant}", WORKER)
         try:
-            child.call("quantize", model=str(gguf), ftype=FTYPES[quant], out=str(tmp))
+            child.call("quantize", model=str(gguf), ftype=FTYPES[quant.removesuffix("-pure")], out=str(tmp), pure=pure)
         finally:
             child.close()
         tmp.rename(out)

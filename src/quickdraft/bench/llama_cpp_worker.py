@@ -8,7 +8,8 @@ torch).
 
 Protocol: one JSON object a line on stdin, one reply a line on the original stdout (llama.cpp's own
 prints go to stderr). Requests:
-- {"op": "quantize", "model", "ftype", "out"}: a requantized copy (llama_model_quantize, 2 threads);
+- {"op": "quantize", "model", "ftype", "out", "pure"}: a requantized copy (llama_model_quantize, 2 threads;
+  `pure`: every tensor in that type where it can be);
 - {"op": "load", "model", "n_ctx", "threads", "lookup", "logits_all"}: the model (and prompt lookup
   with `lookup` tokens when > 0, every row's logits kept with `logits_all`); replies the build's
   system info;
@@ -36,11 +37,11 @@ class Peer:
         self.forwards = 0
         self.drafts: list[tuple[int, list[int]]] = []
 
-    def quantize(self, model: str, ftype: int, out: str) -> dict:
+    def quantize(self, model: str, ftype: int, out: str, pure: bool = False) -> dict:
         import llama_cpp
 
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
+        params.ftype, params.allow_requantize, params.nthread, params.pure = ftype, True, 2, pure
         if llama_cpp.llama_model_quantize(model.encode(), out.encode(), params) != 0:
             return {"error": f"llama_model_quantize failed for {os.path.basename(model)}"}
         return {"ok": True}
