@@ -1,7 +1,8 @@
 """HTTP transport: OpenAI-compatible routes over one Engine (FastAPI + uvicorn). No algorithm code.
 
 Routes: /v1/completions, /v1/chat/completions (JSON or SSE stream), /infill (llama.cpp's FIM shape),
-/v1/models, /health (503 while loading; memory when ready), /metrics (Prometheus text, process memory). Client errors are OpenAI-shaped 4xx bodies (protocol.py).
+/v1/models, /health (503 while loading; memory when ready), /metrics (Prometheus text, process memory).
+Client errors are OpenAI-shaped 4xx bodies (protocol.py).
 What a request passes before it runs is `admission.py`; how its result reaches the client (JSON,
 SSE, cancellation on disconnect) is `streaming.py`; the counters are `metrics.py`.
 """
