@@ -7,8 +7,10 @@ free loopback port, waits for /health and warms up. Then, at each concurrency le
 --max-tokens each, greedy, every other one streamed) are sent by N client threads, each sending its
 share one after another: N = 1 is every request alone, one at a time; N = --requests sends all at
 once. Per level: every status, aggregate tokens/s (completion tokens / the level's wall time), each
-request's latency (p50, max), /metrics after the level. The server stops afterwards; the run stops
-by itself. Writes report.json and load.png (throughput and p50 latency against concurrency).
+request's latency (p50, max), /metrics after the level, and how many answers are the same text as the
+same request's alone (N = 1; greedy: each stream's text must not depend on the rows beside it). The
+server stops afterwards; the run stops by itself. Writes report.json and load.png (throughput and p50
+latency against concurrency).
 
     python scripts/batch_load.py --out docs/bench/batch-load -- --threads 2
 """
@@ -49,9 +51,10 @@ def one_request(url: str, prompt: str, max_tokens: int, stream: bool) -> dict:
                 r = http.post(url + "/v1/chat/completions", json=body)
                 ok = r.status_code == 200
                 tokens = r.json()["usage"]["completion_tokens"] if ok else 0
-                return {"status": r.status_code, "tokens": tokens, "latency": time.perf_counter() - start}
+                text = r.json()["choices"][0]["message"]["content"] if ok else None
+                return {"status": r.status_code, "tokens": tokens, "latency": time.perf_counter() - start, "text": text}
             body |= {"stream": True, "stream_options": {"include_usage": True}}
-            tokens, first, status = 0, None, None
+            tokens, first, status, parts = 0, None, None, []
             with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 status = r.status_code
                 for line in r.iter_lines():
@@ -60,7 +63,10 @@ def one_request(url: str, prompt: str, max_tokens: int, stream: bool) -> dict:
                         first = first or time.perf_counter() - start
                         if obj.get("usage"):
                             tokens = obj["usage"]["completion_tokens"]
-            return {"status": status, "tokens": tokens, "latency": time.perf_counter() - start, "first_s": first}
+                        for choice in obj.get("choices", []):
+                            parts.append(choice.get("delta", {}).get("content") or "")
+            latency = time.perf_counter() - start
+            return {"status": status, "tokens": tokens, "latency": latency, "first_s": first, "text": "".join(parts)}
     except httpx.HTTPError as exc:
         return {"status": str(exc), "tokens": 0, "latency": time.perf_counter() - start}
 
@@ -157,6 +163,9 @@ def main() -> int:
     for res in report["configs"].values():  # each level against the requests alone (N = 1)
         alone = next((lv for lv in res["levels"] if lv["concurrency"] == 1), None)
         for lv in res["levels"]:
+            if alone:  # greedy: the same text as alone, request by request
+                same = [a["text"] == b["text"] for a, b in zip(alone["rows"], lv["rows"], strict=True)]
+                lv["same_text_as_alone"] = f"{sum(same)}/{len(same)}"
             if alone and lv["latency_p50_s"] and alone["latency_p50_s"]:
                 lv["throughput_vs_alone"] = round(lv["tokens_per_s"] / alone["tokens_per_s"], 2)
                 lv["p50_latency_vs_alone"] = round(lv["latency_p50_s"] / alone["latency_p50_s"], 2)

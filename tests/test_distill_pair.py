@@ -142,7 +142,7 @@ def test_quantizing_a_distilled_gguf_born_draft_reads_its_trained_tensors(monkey
     the rest from the file (never the stale blocks), and `gguf` (blocks as stored) is refused."""
     import dataclasses
 
-    from quickdraft.runtime import quantized
+    from quickdraft.runtime import float_source, quantized
     from quickdraft.weights.loading import load_model
     from quickdraft.weights.quant import QuantSpec
 
@@ -155,14 +155,14 @@ def test_quantizing_a_distilled_gguf_born_draft_reads_its_trained_tensors(monkey
     def file_value(name, rows=None):
         return file_values[name] if rows is None else file_values[name][rows]
 
-    monkeypatch.setattr(quantized, "gguf_float_reader", lambda path, config, decoders=None: file_value)
+    monkeypatch.setattr(float_source, "gguf_float_reader", lambda path, config, decoders=None: file_value)
     gguf = dataclasses.replace(loaded, gguf=tmp_path / "x.gguf", source=None, trained=frozenset({name}))
-    read, source = quantized._float32_source(gguf)
+    read, source = float_source.float32_source(gguf)
     params = dict(loaded.model.named_parameters())
     assert torch.equal(read(name), params[name].float()) and torch.equal(read(other), file_values[other])
     assert "1 trained tensors" in source
     untrained = dataclasses.replace(gguf, trained=frozenset())
-    assert torch.equal(quantized._float32_source(untrained)[0](name), file_values[name])  # negative control
+    assert torch.equal(float_source.float32_source(untrained)[0](name), file_values[name])  # negative control
     with pytest.raises(QuickdraftError, match="trained layers"):
         quantized._build(gguf, QuantSpec("gguf"), {})
 

@@ -1,5 +1,5 @@
-"""A GGUF's K-quant blocks run as stored: Q6_K (`runtime/w6a8.py`, `kernels/linear_q6.h`) and Q4_K
-(`runtime/q4k.py`, `kernels/linear_q4k.h`). The decodes against the `gguf` package's own dequantizer,
+"""A GGUF's K-quant blocks run as stored: Q6_K (`runtime/w6a8.py`, `kernels/w6a8.h`) and Q4_K
+(`runtime/q4k.py`, `kernels/q4k.h`). The decodes against the `gguf` package's own dequantizer,
 each kernel against its weights times int8 rows at every instruction-set level this host runs, batch
 invariance, and a Q4_K_M file's loader choosing them."""
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from test_pair import _q4_k_raw
 
 from quickdraft import QuickdraftError
-from quickdraft.runtime import kernels
+from quickdraft.runtime import float_source, kernels
 from quickdraft.weights.gguf_weights import q4_k_parts, q6_k_blocks, q6_k_values, q6_k_weights
 
 from conftest import int8_rows
@@ -211,7 +211,6 @@ def test_the_float_reader_decodes_every_block_type_as_gguf_does(monkeypatch):
     `gguf` package's dequantized values exactly."""
     from gguf import GGMLQuantizationType, quants
 
-    from quickdraft.runtime import quantized
     from quickdraft.weights import gguf_weights
 
     w = np.random.default_rng(3).standard_normal((16, 256)).astype(np.float32)
@@ -230,8 +229,8 @@ def test_the_float_reader_decodes_every_block_type_as_gguf_does(monkeypatch):
     tensors = [(kind, "ffn_up", Tensor(kind, raw)) for kind, raw in raws.items()]
     monkeypatch.setattr(gguf_weights, "linear_tensors", lambda path, config: tensors)
     monkeypatch.setattr(gguf_weights, "permuted_heads", lambda config: {})
-    fast = gguf_weights.gguf_float_reader(Path("x.gguf"), None, quantized._exact_decoders())
-    assert set(quantized._exact_decoders()) == {"Q4_K", "Q6_K"}
+    fast = gguf_weights.gguf_float_reader(Path("x.gguf"), None, float_source.exact_decoders())
+    assert set(float_source.exact_decoders()) == {"Q4_K", "Q6_K"}
     for kind, raw in raws.items():
         want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
         assert torch.equal(fast(kind), want), kind

@@ -134,7 +134,11 @@ def test_a_self_draft_head_restricted_to_k_ids(tmp_path):
         for prompt in ([5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]):
             a, b = ar.generate(prompt, max_new_tokens=16), sd.generate(prompt, max_new_tokens=16)
             assert b.token_ids == a.token_ids and b.stats.num_draft_tokens > 0
-    for bad, why in (("truncated:2;vocab=0", ">= 1"), ("quant:int8;k=3", "one option"), ("truncated:2;", "one option")):
+    for bad, why in (
+        ("truncated:2;vocab=0", ">= 1"),
+        ("quant:int8;k=3", "bad option .k=3. .options: ;vocab="),
+        ("truncated:2;", "bad option"),
+    ):
         with pytest.raises(QuickdraftError, match=why):
             parse_drafter_spec(bad)
     with pytest.raises(QuickdraftError, match="needs the target's tokenizer"):  # none ships, none to rank by

@@ -102,7 +102,7 @@ FLOORS = {
     "verifiers": 7, "runtime": 7, "sampling": 7,
     "weights": 8,
     "config": 9, "prompts": 9,
-    "host": 10, "errors": 10, "types": 10,
+    "host": 10, "errors": 10, "types": 10, "spec_options": 10,
 }  # fmt: skip
 KNOWN_UP: set[tuple[str, str]] = set()  # none left (issue #48: the quantized linears moved to runtime/)
 
@@ -230,30 +230,120 @@ def test_one_drafting_method_finds_a_second_protocol(tmp_path):  # negative cont
     }
 
 
-# a package path a docstring or comment cites: "runtime/linear.py", "weights/gguf_weights.py", ...
-_CITED = __import__("re").compile(
-    r"(?<![\w/.])((?:bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights)/[\w/]+\.(?:py|cpp|h))"
-)
+# a path a docstring, comment or doc page cites: "runtime/linear.py", "src/quickdraft/runtime/kernels",
+# "quickdraft.runtime.w8a8", "scripts/fim_check.py", "docs/bench/serve-pair/", ... (issue #68 item 6)
+_re = __import__("re")
+ROOMS = "bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights|formats|kernels"
+_CITED = _re.compile(rf"(?<![\w/.\-])((?:{ROOMS})/[\w/]*\w(?:\.(?:py|cpp|h))?)(?![\w(\-])")
+_TREE = _re.compile(r"(?<![\w/.\-])((?:src/quickdraft|scripts|tests|docs|\.ci)/[\w/.\-]*[\w/])")
+_DOTTED = _re.compile(r"(?<![\w.])(quickdraft(?:\.\w+)+)")
+ROOT = SRC.parents[1]
 
 
 def cited_paths(text: str) -> set[str]:
+    """Package paths (relative to src/quickdraft) a text cites, with or without an extension."""
     return set(_CITED.findall(text))
 
 
-def test_every_cited_package_path_exists():
-    missing = {
-        f"{path.relative_to(SRC)}: {cited}"
-        for path in SRC.rglob("*.py")
-        for cited in cited_paths(path.read_text())
-        if not (SRC / cited).exists()
-    }
+def _package_path_exists(cited: str) -> bool:
+    if set(cited.split("/")) <= set(ROOMS.split("|")):  # the layering's notation: "server/bench/training"
+        return True
+    base = SRC / cited
+    if base.exists():
+        return True
+    # a room path cited from inside its room ("kernels/w8a8.h" in runtime/), or a module named bare
+    return any(
+        p.exists() for p in (base.with_suffix(".py"), *(SRC / r / cited for r in ("runtime", "server", "bench")))
+    )
+
+
+def _dotted_exists(name: str) -> bool:
+    """quickdraft.a.b[.attr]: a module (file or package), or an attribute a module's source defines."""
+    parts = name.split(".")[1:]
+    if parts[-1] in FILE_SUFFIXES:  # a file's name ("quickdraft.json"), not a module
+        return True
+    for n in range(len(parts), -1, -1):
+        mod = SRC.joinpath(*parts[:n])
+        source = mod.with_suffix(".py") if mod.with_suffix(".py").exists() else mod / "__init__.py"
+        if source.exists():
+            rest = parts[n:]
+            text = source.read_text()
+            return (
+                not rest
+                or _re.search(
+                    rf"(def|class)\s+{rest[0]}\b|^{rest[0]}\b|\b{rest[0]}\s*[:=]|import.*\b{rest[0]}\b", text, _re.M
+                )
+                is not None
+            )
+    return False
+
+
+FILE_SUFFIXES = {"json", "packed", "safetensors", "gguf", "txt", "md", "jsonl"}
+
+
+def _placeholder(path: str) -> bool:
+    """A path written as a pattern ("docs/bench/NAME/report.md", "costs/packing-*.json")."""
+    return "*" in path or any(part.isupper() and len(part) > 1 for part in _re.split(r"[/.\-]", path))
+
+
+def missing_citations(root, files) -> set[str]:
+    """`file: cited` for every cited path or module in `files` (under `root`) that does not exist."""
+    missing = set()
+    for path in files:
+        text = path.read_text()
+        rel = path.relative_to(root)
+        missing |= {f"{rel}: {c}" for c in cited_paths(text) if not _package_path_exists(c)}
+        missing |= {f"{rel}: {c}" for c in _TREE.findall(text) if not (root / c).exists() and not _placeholder(c)}
+        missing |= {f"{rel}: {c}" for c in _DOTTED.findall(text) if not _dotted_exists(c)}
+    return missing
+
+
+def cited_files(root) -> list:
+    src = [p for ext in ("*.py", "*.h", "*.cpp") for p in (root / "src" / "quickdraft").rglob(ext)]
+    return [*src, root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def test_every_cited_path_exists():
+    missing = missing_citations(ROOT, cited_files(ROOT))
     assert not missing, sorted(missing)
 
 
-def test_a_cited_path_that_moved_is_found():  # negative control
+def test_a_cited_path_that_moved_is_found(tmp_path):  # negative control
     text = "See models/linear.py and runtime/linear.py (src/quickdraft/runtime/kv_cache.py is not cited twice)."
     assert cited_paths(text) == {"models/linear.py", "runtime/linear.py"}
     assert not (SRC / "models/linear.py").exists()
+    page = tmp_path / "page.md"
+    page.write_text(
+        "runtime/formats, runtime/gone, quickdraft.runtime.w8a8.W8A8Linear, quickdraft.runtime.nope, "
+        "quickdraft.runtime.w8a8.Nope, scripts/nope.py, quickdraft.generate, docs/bench/NAME/x.md"
+    )
+    assert missing_citations(tmp_path, [page]) == {
+        "page.md: runtime/gone",
+        "page.md: quickdraft.runtime.nope",
+        "page.md: quickdraft.runtime.w8a8.Nope",
+        "page.md: scripts/nope.py",
+    }
+
+
+# every file under src/ short enough to read at once (issue #68 item 6)
+SOURCE_LIMIT = 300
+
+
+def long_sources(root) -> dict[str, int]:
+    """{file: lines} of the Python and C++ files under root/src over SOURCE_LIMIT lines."""
+    files = [p for ext in ("*.py", "*.h", "*.cpp") for p in (root / "src").rglob(ext)]
+    return {str(p.relative_to(root)): n for p in files if (n := len(p.read_text().splitlines())) > SOURCE_LIMIT}
+
+
+def test_every_source_file_stays_under_the_limit():
+    assert not long_sources(ROOT), long_sources(ROOT)
+
+
+def test_a_long_source_file_is_found(tmp_path):  # negative control
+    (tmp_path / "src" / "k").mkdir(parents=True)
+    (tmp_path / "src" / "k" / "a.h").write_text("x\n" * 301)
+    (tmp_path / "src" / "b.py").write_text("y\n" * 300)
+    assert long_sources(tmp_path) == {"src/k/a.h": 301}
 
 
 # a newcomer's reading (issue #68): the README short, each topic page short, the benchmarks page the
@@ -278,3 +368,28 @@ def test_a_long_page_is_found(tmp_path):  # negative control
     (tmp_path / "README.md").write_text("x\n" * 301)
     (tmp_path / "docs" / "a.md").write_text("y\n" * 10)
     assert doc_lengths(tmp_path) == {"README.md": (301, 300), "docs/a.md": (10, 400)}
+
+
+# one parser of a spec's ;key=value options (issue #68 item 5): nothing else splits on ';'
+OPTION_PARSER = "spec_options.py"
+NOT_SPECS = {"server/admission.py"}  # a Content-Type header's parameters, not a spec
+_SPLITS = _re.compile(r"""(?:split|partition|rpartition)\(\s*["'];["']""")
+
+
+def semicolon_splits(root) -> set[str]:
+    """Files under `root` (a package) that split text on ';', outside the option parser."""
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != OPTION_PARSER and str(p.relative_to(root)) not in NOT_SPECS and _SPLITS.search(p.read_text())
+    }
+
+
+def test_only_the_option_parser_splits_a_spec_on_semicolons():
+    assert not semicolon_splits(SRC), semicolon_splits(SRC)
+
+
+def test_a_second_option_parser_is_found(tmp_path):  # negative control
+    (tmp_path / "a.py").write_text('path, _, rest = arg.partition(";")\n')
+    (tmp_path / "b.py").write_text("x = 1\n")
+    assert semicolon_splits(tmp_path) == {"a.py"}

@@ -29,9 +29,21 @@ from quickdraft.drafters.base import ComposedReads, Drafter, DraftRequest, draft
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
 from quickdraft.drafters.spec import parse_stage
 from quickdraft.errors import QuickdraftError
+from quickdraft.spec_options import number_at_least, parse_options, take_options
 from quickdraft.verifiers.tree import TokenTree
 
 GREEDY = SamplingConfig(temperature=0.0)
+
+
+def k_rows(value: str) -> list[list[int]]:
+    """`;k=`'s value: the k-matrix's rows from the diagonal joined by '/', entries by ',' (2,4/4)."""
+    try:
+        return [[int(x) for x in row.split(",")] for row in value.split("/")]
+    except ValueError:
+        raise ValueError("rows of integers, e.g. k=2,4/4") from None
+
+
+CASCADE_OPTIONS = {"k": k_rows, "l": number_at_least(1)}
 
 
 DEFAULT_CASCADE = "distilled>mag"
@@ -56,28 +68,14 @@ def parse_cascade(arg: str | None) -> CascadeSpec:
     ROWS the k-matrix rows from the diagonal joined by '/', entries by ',' (e.g. k=2,4/4), L the
     lenience of inner reviews (default 1). Without an argument: DEFAULT_CASCADE."""
     text = arg or DEFAULT_CASCADE
-    segments = text.split(";")  # the cascade's own options are k= and l=; a level's (;vocab=, ;quant=) stay its
-    own = [s for s in segments[1:] if s.partition("=")[0] in ("k", "l")]
-    parts = [";".join(s for s in segments if s not in own), *own]
-    levels = tuple(parse_stage(stage, f"csd:{text}") for stage in parts[0].split(">") if stage)
+    levels_text, own = take_options(text, ("k", "l"))  # a level's own options (;vocab=, ;quant=) stay its
+    levels = tuple(parse_stage(stage, f"csd:{text}") for stage in levels_text.split(">") if stage)
     if len(levels) < 2 or any(level.kind == "csd" for level in levels):
         raise QuickdraftError(
             f"drafter 'csd:{text}': a cascade needs at least two levels (no nested csd), e.g. csd:distilled>mag"
         )
-    k, lenience = default_k(len(levels)), 1.0
-    for option in parts[1:]:
-        key, _, value = option.partition("=")
-        try:
-            if key == "k":
-                k = [[int(x) for x in row.split(",")] for row in value.split("/")]
-            elif key == "l":
-                lenience = float(value)
-            else:
-                raise ValueError
-        except ValueError:
-            raise QuickdraftError(f"drafter 'csd:{text}': bad option {option!r} (k=2,4/4 or l=2)") from None
-    if lenience < 1:
-        raise QuickdraftError(f"drafter 'csd:{text}': lenience must be >= 1")
+    _, values = parse_options(f"drafter 'csd:{text}'", ";".join(["", *own]), CASCADE_OPTIONS)
+    k, lenience = values.get("k", default_k(len(levels))), values.get("l", 1.0)
     for i, row in enumerate(k):
         if len(row) != len(levels) - i or min(row) < 0 or sum(row) < 1:
             raise QuickdraftError(f"drafter 'csd:{text}': k-matrix row {i} needs {len(levels) - i} quotas >= 0")

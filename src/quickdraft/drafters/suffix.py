@@ -45,12 +45,14 @@ from quickdraft.drafters.suffix_trie import (
     trie_scores,
 )
 from quickdraft.errors import QuickdraftError
+from quickdraft.spec_options import count, parse_options, positive
 from quickdraft.verifiers.tree import TokenTree
 
 CHAIN_TREE_FACTOR = 4  # a chain of k tokens is read from a tree of k * this many nodes
 # Expected tokens per target forward by tree budget (greedy, the default target's held-out SeqKD
 # prompts, 13 x 64 tokens: scripts/suffix_offline.py on docs/bench/heldout-reuse), the gain side of
 # the host-sized budget (`draft_tree` auto, costs/cost_curve.py); only the curve's shape matters.
+SUFFIX_OPTIONS = {"cache": count, "match": positive, "depth": positive, "rows": positive}
 TREE_GAIN = {1: 1.50, 4: 2.07, 8: 2.30, 16: 2.47, 32: 2.59}
 
 
@@ -58,17 +60,9 @@ def parse_suffix(arg: str | None) -> tuple[str | None, dict[str, int]]:
     """`[PATH][;cache=N][;match=M][;depth=D]` -> (PATH or None, options): PATH a datastore folder
     (absent: the one shipped for the target; `none`: no datastore), cache the tokens of earlier
     requests' outputs kept (0 = off), match the longest suffix searched, depth the longest branch."""
-    path, *options = (arg or "").split(";")
-    values: dict[str, int] = {}
+    path, values = parse_options(f"drafter 'suffix:{arg}'", arg or "", SUFFIX_OPTIONS)
     names = {"cache": "cache", "match": "max_match", "depth": "depth", "rows": "max_rows"}
-    for option in options:
-        key, _, value = option.partition("=")
-        if key not in names or not value.isdigit():
-            raise QuickdraftError(f"drafter 'suffix:{arg}': bad option {option!r} (cache=N, match=M, depth=D, rows=R)")
-        values[names[key]] = int(value)
-    if any(v < 1 for k, v in values.items() if k != "cache"):
-        raise QuickdraftError(f"drafter 'suffix:{arg}': match, depth and rows must be >= 1")
-    return path or None, values
+    return path, {names[key]: value for key, value in values.items()}
 
 
 def with_suffix_cache(stages: tuple[DrafterSpec, ...], tokens: int) -> tuple[DrafterSpec, ...]:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from quickdraft.drafters.kinds import ASSETS as ALL_ASSETS
 from quickdraft.errors import QuickdraftError
+from quickdraft.spec_options import parse_options, text
 from quickdraft.weights.delta import SHIPPED_FOR
 
 ASSETS = ALL_ASSETS / "vocab"
@@ -34,34 +35,26 @@ VOCAB_FOR = {
 }
 
 
+def vocab_value(value: str) -> str:
+    """`;vocab=`'s value: K >= 1 (a head of the K most frequent ids), "all" or a ranking file's PATH."""
+    if value.isdigit() and int(value) < 1:
+        raise ValueError("K >= 1, all or a PATH")
+    return value
+
+
+# the options of the model-backed kinds, each once: {name: converter} (spec_options.py)
+MODEL_OPTION_TYPES = {"quant": text, "vocab": vocab_value, "window": text}
+
+
 def split_options(kind: str, arg: str | None, allowed: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     """(the kind's own argument, {option: value}) of `ARG[;KEY=VALUE]...` with KEY in `allowed`."""
-    if arg is None or ";" not in arg:
-        return arg, {}
-    main, *options = arg.split(";")
-    found: dict[str, str] = {}
-    for option in options:
-        key, eq, value = option.partition("=")
-        if key not in allowed or not eq or not value or key in found:
-            names = ", ".join(f";{a}=..." for a in allowed)
-            raise QuickdraftError(f"drafter '{kind}:{arg}': bad option {option!r} (options: {names}, each once)")
-        found[key] = value
-    if found.get("vocab", "1").isdigit() and int(found.get("vocab", "1")) < 1:  # (`all` passes)
-        raise QuickdraftError(f"drafter '{kind}:{arg}': vocab must be >= 1")
-    return main or None, found
+    return parse_options(f"drafter '{kind}:{arg}'", arg, {name: MODEL_OPTION_TYPES[name] for name in allowed})
 
 
 def split_vocab(kind: str, arg: str | None) -> tuple[str | None, str | None]:
     """(the kind's own argument, the `vocab` value) of `ARG[;vocab=K|PATH]`; a bad option is refused."""
-    if arg is None or ";" not in arg:
-        return arg, None
-    main, _, option = arg.partition(";")
-    key, eq, value = option.partition("=")
-    if key != "vocab" or not eq or not value:
-        raise QuickdraftError(f"drafter '{kind}:{arg}': the one option is ;vocab=K (a head of the K most frequent ids)")
-    if value.isdigit() and int(value) < 1:
-        raise QuickdraftError(f"drafter '{kind}:{arg}': vocab must be >= 1")
-    return main or None, value
+    main, values = parse_options(f"drafter '{kind}:{arg}'", arg, {"vocab": vocab_value})
+    return main, values.get("vocab")
 
 
 def ranked_ids(target_name: str | None, value: str) -> torch.Tensor | None:

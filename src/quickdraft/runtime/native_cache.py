@@ -72,7 +72,7 @@ class NativeCachedModel(TokenCacheVerbs):
     runtime = "native"
     supports_trees = True
     reads_states = True
-    # models/batched.BatchedTarget runs several sequences over its forward, every described block
+    # runtime/batched.py (BatchedTarget) runs several sequences over its forward, every described block
     # (sliding windows narrow the batch's mask per layer; capped scores take the explicit product)
     supports_batches = True
 

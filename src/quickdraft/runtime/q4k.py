@@ -1,7 +1,7 @@
 """A GGUF's Q4_K weights run as stored, times int8 activations (under `--quantize w4a8`).
 
 Q4_K holds w = d sc_b q - dmin mn_b: a code q in 0..15, 6-bit integers sc_b and mn_b per output and
-block of 32 inputs, fp16 d and dmin per output and 256 inputs. The kernel (`runtime/kernels/linear_q4k.h`:
+block of 32 inputs, fp16 d and dmin per output and 256 inputs. The kernel (`runtime/kernels/q4k.h`:
 `pack_q4k`, `linear_q4k`) streams 4.625 bits a weight and computes with d sc_b and dmin mn_b exactly (in
 float32), where the w4a8 blocks it replaces stream 5 and round each to fp16. Activations are quantized per
 row and block of 32 on the fly, as w4a8's; a row's result does not depend on the rows beside it.

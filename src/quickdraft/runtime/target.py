@@ -6,9 +6,9 @@ drafter asked for; it keeps the first n cached positions (`rollback`), and where
 `supports_trees`, keeps a chosen subset of the rows just added (`compact`). Decoders are typed
 against this protocol, never against a class, so a backend is one file that implements it:
 
-    native  `models/native_cache.NativeCachedModel`: quickdraft's own forward (Llama family), trees
+    native  `runtime/native_cache.py` (NativeCachedModel): quickdraft's own forward (Llama family), trees
             and states
-    hf      `models/cached_model.CachedModel`: Hugging Face's forward, chains only
+    hf      `runtime/cached_model.py` (CachedModel): Hugging Face's forward, chains only
     (test)  `tests/numpy_target.py`: a numpy forward of a tiny Llama, trees included, proving the
             point: it passes the lossless suite through the same decoders
 

@@ -1,7 +1,7 @@
 """A GGUF's Q6_K weights run as stored, times int8 activations (under `--quantize w4a8` / `gguf`).
 
 Q6_K holds w = d sc_j (q - 32): a code q in 0..63, an int8 scale sc_j per output and 16 inputs, an fp16
-scale d per output and 256 inputs. The kernel (`runtime/kernels/linear_q6.h`: `pack_q6`, `linear_w6a8`)
+scale d per output and 256 inputs. The kernel (`runtime/kernels/w6a8.h`: `pack_q6`, `linear_w6a8`)
 streams 7 bits a weight (the codes' 6, then each block's scales), where the 8-bit re-rounding it replaces
 streamed 9 and changed the values; activations are quantized per row and block of 32 on the fly, as
 w4a8's and w8a8's. A row's result does not depend on the rows beside it (integer sums per half-block,

@@ -1,6 +1,6 @@
 """W8A8 linears: int8 weights in blocks of 32 inputs (a scale each, and optionally a min per 16) times
 activations quantized the same way per row on the fly (llama.cpp's Q8_0 x Q8_0; with mins, its Q5_1 /
-Q5_K / Q2_K x Q8 dot products), on quickdraft's fused kernels (`runtime/kernels/linear_int8.h`:
+Q5_K / Q2_K x Q8 dot products), on quickdraft's fused kernels (`runtime/kernels/w8a8.h`:
 `pack_int8`, `pack_blocks`, `linear_w8a8`, `linear_w8a8_min`)."""
 
 from __future__ import annotations

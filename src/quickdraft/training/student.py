@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.spec_options import STUDENT_OPTIONS, parse_options
 from quickdraft.weights.delta import write_delta
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, truncated_copy
 
@@ -53,15 +54,10 @@ def _parse_kv(spec: str) -> dict[str, int]:
 
 def model_init(init: str) -> tuple[str, int | None]:
     """`model:NAME|PATH[;train=N]` -> (NAME|PATH, N or None: every layer trains)."""
-    path, _, option = init.removeprefix("model:").partition(";")
+    path, values = parse_options(f"student {init!r}", init.removeprefix("model:"), STUDENT_OPTIONS)
     if not path:
         raise QuickdraftError("a model student needs a name or a folder: model:NAME|PATH[;train=N]")
-    if not option:
-        return path, None
-    key, _, value = option.partition("=")
-    if key != "train" or not value.isdigit():
-        raise QuickdraftError(f"{init!r}: the one option of a model student is ;train=N (its last N layers train)")
-    return path, int(value)
+    return path, values.get("train")
 
 
 def make_student(target: LoadedModel, init: str, dtype: torch.dtype = torch.float32) -> Student:

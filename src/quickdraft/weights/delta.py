@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.spec_options import STUDENT_OPTIONS, parse_options
 from quickdraft.weights import weight_files
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, truncated_copy
 
@@ -58,7 +59,7 @@ def shipped_delta_dir(target: LoadedModel) -> Path:
 def _base(target: LoadedModel, base: str, folder: Path, meta: dict, dtype: torch.dtype | None) -> LoadedModel:
     """The model a delta's tensors go into, checked against what the delta was trained on."""
     if base.startswith("model:"):
-        path = base.removeprefix("model:").partition(";")[0]  # ";train=N" said which of its layers trained
+        path, _ = parse_options(f"delta base {base!r}", base.removeprefix("model:"), STUDENT_OPTIONS)  # ;train=N
         draft = load_model(path, str(dtype or target.model.dtype).removeprefix("torch."))
         check_vocab(target, draft)
         mine = {"hidden_size": int(draft.model.config.hidden_size), "num_layers": draft.model.config.num_hidden_layers}

@@ -1,14 +1,14 @@
 // Fused CPU kernels for the native block (runtime/kernels/__init__.py builds and loads them), one
-// translation unit: the shared helpers here, then the parts, each beside what calls it from Python:
-//   block_ops.h    add_rms_norm, rope_store, silu_mul, gelu_tanh_mul      (runtime/llama_block.py)
-//   attention.h    attend                                                 (runtime/llama_block.py)
-//   linear_bf16.h  pack_bf16, linear_packed                               (runtime/linear.py)
-//   int8_rows.h    the int8-activation linears' shared parts: the rows' quantization, stores
-//   linear_int8.h  pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min   (runtime/w8a8.py)
-//   linear_q4.h    pack_q4, linear_w4a8                                   (runtime/w4a8.py)
-//   linear_q6.h    pack_q6, linear_w6a8                                   (runtime/w6a8.py)
-//   linear_q4k.h   pack_q4k, linear_q4k                                   (runtime/q4k.py)
-//   layers.h       llama_layers: the kernels above over a run of layers   (runtime/fused_layers.py)
+// translation unit: the shared helpers here, then the parts, each named as the Python file that calls it:
+//   llama_block.h   add_rms_norm, rope_store, silu_mul, gelu_tanh_mul       (runtime/llama_block.py)
+//   attention.h     attend                                                  (runtime/llama_block.py)
+//   linear.h        pack_bf16, linear_packed                                (runtime/linear.py)
+//   int8_rows.h     the int8-activation linears' shared parts: the rows' quantization, stores
+//   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/w8a8.py)
+//   w4a8.h          pack_q4, linear_w4a8                                    (runtime/w4a8.py)
+//   w6a8.h          pack_q6, linear_w6a8                                    (runtime/w6a8.py)
+//   q4k.h           pack_q4k, linear_q4k                                    (runtime/q4k.py)
+//   fused_layers.h  llama_layers: the kernels above over a run of layers    (runtime/fused_layers.py)
 //
 // A one-row step of a small model is dominated by per-op overhead, not arithmetic: torch.profiler on
 // SmolLM2-135M showed flash SDPA at 142 us a call for one query row over 200 keys, and RMSNorm's six
@@ -66,15 +66,15 @@ inline float fast_exp(float x) {
 }
 inline double fast_exp(double x) { return std::exp(x); }
 
-#include "block_ops.h"
+#include "llama_block.h"
 #include "attention.h"
-#include "linear_bf16.h"
+#include "linear.h"
 #include "int8_rows.h"
-#include "linear_int8.h"
-#include "linear_q4.h"
-#include "linear_q6.h"
-#include "linear_q4k.h"
-#include "layers.h"
+#include "w8a8.h"
+#include "w4a8.h"
+#include "w6a8.h"
+#include "q4k.h"
+#include "fused_layers.h"
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-// The int8-activation linears' shared parts (linear_int8.h, linear_q4.h, linear_q6.h, linear_q4k.h): the
+// The int8-activation linears' shared parts (w8a8.h, w4a8.h, w6a8.h, q4k.h): the
 // rows' quantization per block of 32 (llama.cpp's Q8_0 activations), the tiles' row-count dispatch and
 // their stores, and AVX2's stand-ins for VNNI's vpdpbusd. A part of fused.cpp's one translation unit
 // (included inside its anonymous namespace, after its shared helpers): not compiled alone.

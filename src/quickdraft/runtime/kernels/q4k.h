@@ -1,7 +1,7 @@
 // pack_q4k / linear_q4k: a GGUF's Q4_K weights as stored (4-bit codes, 6-bit scales and mins per 32
 // inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/q4k.py.
 // A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
-// linear_q4.h, whose code quads and tile it shares): not compiled alone.
+// w4a8.h, whose code quads and tile it shares): not compiled alone.
 #pragma once
 
 // ---- Q4_K weights x int8 activations in blocks of 32 on VNNI -----------------------------------------------

@@ -1,7 +1,7 @@
 // pack_q6 / linear_w6a8: a GGUF's Q6_K weights as stored (6-bit codes, an int8 scale per 16 inputs, an
 // fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/w6a8.py.
 // A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
-// linear_int8.h and linear_q4.h): not compiled alone.
+// w8a8.h and w4a8.h): not compiled alone.
 #pragma once
 
 // ---- Q6_K weights x int8 activations in blocks of 32 on VNNI ------------------------------------------------

@@ -1,0 +1,51 @@
+"""Which methods a bench run measures: the requested ones, plain decoding first, and plain decoding of
+every other weight form they use (what "lossless" compares each method with)."""
+
+from __future__ import annotations
+
+from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, parse_methods
+from quickdraft.errors import QuickdraftError
+
+
+def _weights(spec: MethodSpec, default: str) -> str:
+    """The weights a method runs on: its own quantize key, else the bench's; transformers' peers: the
+    loaded weights; llama.cpp: its GGUF ("llama-cpp:gguf") or a requantized copy ("llama-cpp:q4_0")."""
+    if spec.name == "llama-cpp":
+        return f"llama-cpp:{spec.get('quantize', 'gguf')}"
+    return "none" if spec.name in PEER_CLASSES else spec.get("quantize", default)
+
+
+def _sampled(spec: MethodSpec) -> bool:
+    """A run that samples (`temperature=` above 0; an unreadable value counts, its build refuses it)."""
+    try:
+        return float(spec.get("temperature", "0")) > 0
+    except ValueError:
+        return True
+
+
+def _is_plain(spec: MethodSpec) -> bool:
+    """Greedy plain decoding of its weights (what lossless compares with): ar, or llama-cpp without
+    lookup or draft."""
+    if spec.name == "ar":
+        return not _sampled(spec)
+    return spec.name == "llama-cpp" and spec.get("lookup") is None and spec.get("draft") is None
+
+
+def _plain_for(weights: str) -> MethodSpec:
+    if weights.startswith("llama-cpp:"):
+        return MethodSpec("llama-cpp", (("quantize", weights.split(":", 1)[1]),))
+    return MethodSpec("ar", (("quantize", weights),))
+
+
+def _methods_with_ar(text: str, default: str = "none") -> list[MethodSpec]:
+    """The methods, with plain decoding first, and plain decoding of every other weight form used
+    (what "lossless" compares with; llama.cpp's own plain decoding for its weights)."""
+    specs = parse_methods(text)
+    if not any(s.text == "ar" for s in specs):
+        specs.insert(0, MethodSpec("ar"))
+    for q in dict.fromkeys(_weights(s, default) for s in specs):
+        if not any(_is_plain(s) and _weights(s, default) == q for s in specs):
+            specs.insert(1, _plain_for(q))
+    if len({s.text for s in specs}) != len(specs):
+        raise QuickdraftError("a method is listed twice")
+    return specs
