@@ -83,27 +83,19 @@ def test_a_new_format_runs_rows_alone_as_beside_others_and_near_its_floats(name,
     assert (y.double() - ref).norm() / ref.norm() < 0.03  # int8 activations (and bf16 rows): about 1%
 
 
-def _activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' int8 rows: codes and scales per block of 32 (absmax / 127, round half to even)."""
-    blocks = x.double().view(x.shape[0], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    q = torch.where(amax > 0, torch.round(blocks.float() * (127.0 / amax.float())).double(), torch.zeros_like(blocks))
-    return q, amax / 127
+@pytest.mark.parametrize("name", ["Q2_K", "Q5_1", "IQ4_XS"])  # w8a8 with mins per 16 and 32, w8a8
+@pytest.mark.parametrize("rows", [1, 2, 5, 9, 17])  # every tile shape of every level
+def test_the_kernels_compute_the_files_weights_times_int8_rows_at_every_level(name, rows, ops):
+    from conftest import int8_rows
 
-
-def test_the_min_kernel_is_the_integer_arithmetic_it_claims():
-    lin = formats.FORMATS["Q2_K"].linear(torch.from_numpy(random_rows("Q2_K", 32, 512, seed=3)))
-    assert lin.mins is not None
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
-    q, sx = _activations(x)  # (3, 16, 32), (3, 16, 1)
-    w = lin.q.double().view(32, 16, 32)
-    dots = torch.einsum("mbk,obk->mob", q, w) * lin.scales.double()[None]
-    halves = q.view(3, 16, 2, 16).sum(-1)  # (3, 16, 2)
-    mins = torch.einsum("mbh,obh->mob", halves, lin.mins.double().view(32, 16, 2))
-    want = ((dots + mins) * sx.view(3, 1, 16)).sum(-1)
-    assert torch.allclose(lin(x).double(), want, rtol=1e-5, atol=1e-6)
-    control = ((dots) * sx.view(3, 1, 16)).sum(-1)  # without the mins: far off
-    assert not torch.allclose(lin(x).double(), control, rtol=1e-3, atol=1e-3)
+    lin = formats.FORMATS[name].linear(torch.from_numpy(random_rows(name, 37, 512, seed=rows)))  # 37: padded tile
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    want = torch.nn.functional.linear(int8_rows(x), lin.dequantized())  # the mins meet the int8 rows' sums
+    got = lin(x)
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=1e-5)
+    plain = torch.nn.functional.linear(x, lin.dequantized())  # negative control: float rows are not its grid
+    assert not torch.allclose(plain, want, atol=1e-5 * want.abs().max().item(), rtol=1e-5)
+    torch.testing.assert_close(torch.cat([lin(x[i : i + 1]) for i in range(rows)]), got, atol=0, rtol=0)
 
 
 def test_a_type_without_a_format_is_refused_in_one_line(tmp_path):
