@@ -373,6 +373,10 @@ def test_openai_client_works(live):
         client.completions.create(model="nope", prompt="abc")
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=NAME, prompt="abc", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="fill-in-the-middle"):  # no FIM tokens here (#71 item 2)
+        client.completions.create(model=NAME, prompt="def f(", suffix="):\n    pass", max_tokens=4)
+    infill = httpx.post(url + "/infill", json={"input_prefix": "def f(", "input_suffix": "):", "n_predict": 4})
+    assert infill.status_code == 400 and "fill-in-the-middle" in infill.json()["error"]["message"]
 
 
 def _pending(app):
