@@ -250,7 +250,8 @@ def tensor_blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
 
 
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types of 4-bit codes with a scale (and min) per 32 weights or finer
-GGUF_DIRECT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K", "F32", "F16", "BF16")  # what `gguf_linears` packs
+# what `--quantize gguf` packs (aten's int4/int8 forms); as stored, `runtime/formats` runs more
+GGUF_DIRECT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K", "F32", "F16", "BF16")
 
 
 def gguf_types(path: Path, config) -> dict[str, str]:
