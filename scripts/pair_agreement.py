@@ -25,8 +25,8 @@ from quickdraft.bench.llama_cpp import WORKER
 from quickdraft.bench.peer_process import ChildPeer
 from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
-from quickdraft.runtime.native_cache import NativeCachedModel
-from quickdraft.runtime.quantized import quantize_model
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.formats.quantized import quantize_model
 from quickdraft.weights.loading import load_model
 from quickdraft.weights.quant import parse_quantize
 

@@ -20,7 +20,7 @@ from quickdraft.decoding import round as rnd
 from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.engine import Engine
 from quickdraft.options import options_from
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 
 T: dict[str, list[float]] = collections.defaultdict(list)
 

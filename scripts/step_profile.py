@@ -17,7 +17,7 @@ import torch
 from quickdraft.bench.runner import machine_info
 from quickdraft.host import median_seconds
 from quickdraft.runtime import kernels
-from quickdraft.runtime.linear import packing
+from quickdraft.runtime.kernels.linear import packing
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
 from quickdraft.weights.quant import parse_quantize

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.runtime.native import NativeLlama
+from quickdraft.runtime.forward.native import NativeLlama
 from quickdraft.training.feature_store import Batch, FeatureStore
 from quickdraft.training.seqkd import read_seqkd, window
 from quickdraft.training.train_heads import HeadTrainingConfig, batch_indices, new_module, target_states, train_loss

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.cached_model import TokenCacheVerbs
+from quickdraft.runtime.caches.cached_model import TokenCacheVerbs
 from quickdraft.weights.loading import LoadedModel
 
 CHARS = string.ascii_lowercase + " .,!?"

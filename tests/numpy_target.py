@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from quickdraft.runtime.cached_model import TokenCacheVerbs
+from quickdraft.runtime.caches.cached_model import TokenCacheVerbs
 from quickdraft.types import TargetOutput
 
 

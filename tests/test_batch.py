@@ -24,9 +24,9 @@ from quickdraft.drafters.model_drafter import ModelDrafter
 from quickdraft.drafters.ngram import PromptLookupDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.batched import BatchedTarget, RowBlock
-from quickdraft.runtime.graphs import StaticBatchForward
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.forward.graphs import StaticBatchForward
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.loading import LoadedModel, truncated_copy
 
@@ -368,8 +368,8 @@ def test_a_shared_prompt_prefix_is_prefilled_once(model):
 
 
 def test_caches_grow_by_doubling_and_keep_their_contents():
-    from quickdraft.runtime.batch_cache import BatchKVCache
-    from quickdraft.runtime.static_cache import KVCache
+    from quickdraft.runtime.caches.batch_cache import BatchKVCache
+    from quickdraft.runtime.caches.static_cache import KVCache
 
     single = KVCache(2, 1, 3, torch.float64, "cpu", capacity=4, limit=20)
     single.ensure(3)
@@ -387,7 +387,7 @@ def test_caches_grow_by_doubling_and_keep_their_contents():
 
 def test_rows_of_very_different_lengths_attend_in_two_groups(model):
     """Short rows read only their own span when one row is much longer: the same logits."""
-    from quickdraft.runtime.batch_cache import length_groups
+    from quickdraft.runtime.caches.batch_cache import length_groups
 
     assert length_groups([10, 10, 10]) is None  # nothing to save
     assert length_groups([100, 10, 12, 11]) == [([1, 2, 3], 12), ([0], 100)]

@@ -13,7 +13,7 @@ from quickdraft.drafters.cascade import CascadeDrafter, check_k_matrix, parse_ca
 from quickdraft.drafters.mag import MaGDrafter, build_bigram, load_bigram, save_bigram
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 
 from conftest import tiny_llama
 

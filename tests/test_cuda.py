@@ -10,9 +10,9 @@ import torch
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.common import Generators
-from quickdraft.runtime.batched import BatchedTarget, RowBlock
-from quickdraft.runtime.graphs import StaticBatchForward
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.forward.graphs import StaticBatchForward
 
 from conftest import tiny_llama, tiny_text_model
 

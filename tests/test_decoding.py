@@ -8,7 +8,7 @@ from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, collect
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.verifiers import make_verifier
 
 from conftest import noisy_copy, tiny_llama

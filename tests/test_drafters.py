@@ -10,7 +10,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter, make_drafter, prompt_lookup
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.sampling import logits_to_probs
 
 from conftest import noisy_copy, tiny_llama

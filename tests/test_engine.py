@@ -5,7 +5,7 @@ import torch
 
 from quickdraft import Engine, EngineConfig, QuickdraftError
 from quickdraft.drafters import ModelDrafter, make_drafter
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.weights.loading import check_vocab
 
 from conftest import char_tokenizer, noisy_copy, tiny_llama, tiny_text_model

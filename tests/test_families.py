@@ -27,8 +27,8 @@ from transformers import (
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.options import options_from
-from quickdraft.runtime.families import unsupported_reason
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.forward.families import unsupported_reason
 from quickdraft.weights.loading import LoadedModel
 
 SHAPE = dict(
@@ -225,7 +225,7 @@ def test_described_blocks_run_the_fused_kernels_batch_invariantly(name, monkeypa
     float32 its logits stay close to Hugging Face's, and in bf16 a 5-row forward (a verify) equals
     five one-row steps bit for bit, so greedy speculation equals plain decoding exactly in bf16."""
     from quickdraft.runtime import kernels
-    from quickdraft.runtime.llama_block import Block
+    from quickdraft.runtime.forward.llama_block import Block
 
     if kernels.fused_ops() is None:
         pytest.skip("no fused kernels on this host")

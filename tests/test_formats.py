@@ -102,7 +102,7 @@ def test_a_type_without_a_format_is_refused_in_one_line(tmp_path):
     from gguf import GGUFWriter
     from transformers import LlamaConfig
 
-    from quickdraft.runtime.gguf_linears import gguf_linears
+    from quickdraft.runtime.formats.gguf_linears import gguf_linears
 
     path = tmp_path / "odd.gguf"
     writer = GGUFWriter(str(path), "llama")

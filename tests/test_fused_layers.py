@@ -1,4 +1,4 @@
-"""The one-call run of plain Llama blocks (`runtime/fused_layers.py`, `llama_layers`) is the same bits
+"""The one-call run of plain Llama blocks (`runtime/kernels/fused_layers.py`, `llama_layers`) is the same bits
 as the layer-by-layer kernels it replaces, for every linear kind it takes, with kept states and trees."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.fused_layers import LayerKernels, kernel_form
-from quickdraft.runtime.native_cache import NativeCachedModel
-from quickdraft.runtime.quantized import quantize_model
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.formats.quantized import quantize_model
+from quickdraft.runtime.kernels.fused_layers import LayerKernels, kernel_form
 from quickdraft.weights.quant import parse_quantize
 
 from conftest import tiny_llama, tiny_qwen2
@@ -81,8 +81,8 @@ def test_linears_the_call_cannot_take_stay_in_python(monkeypatch):
 def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
     """A Q4_K_M file's v is Q6_K (w8a8) beside Q4_K q and k (w4a8): the three cannot be one linear, and
     the call runs them side by side, the same bits as the Python path's concatenation."""
-    from quickdraft.runtime.w4a8 import w4a8_linear
-    from quickdraft.runtime.w8a8 import w8a8_linear
+    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
 
     target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=64)
     params = dict(target.model.named_parameters())
@@ -107,8 +107,8 @@ def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
 def test_k_quants_run_in_the_call_as_stored(monkeypatch):
     """A Q4_K_M file's layers as they load under w4a8: Q4_K q, k, o, gate|up (q4k) beside Q6_K v and
     down (w6a8), random blocks on a width of 256; the call runs kinds 4 and 3, the same bits as Python's."""
-    from quickdraft.runtime.q4k import Q4KLinear
-    from quickdraft.runtime.w6a8 import W6A8Linear
+    from quickdraft.runtime.kernels.q4k import Q4KLinear
+    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
 
     target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=256)
     gen = torch.Generator().manual_seed(0)

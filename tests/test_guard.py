@@ -10,7 +10,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 
@@ -235,7 +235,7 @@ def test_the_batch_guard_prices_every_rows_drafting(draft_steps):
     and never pauses; each row's tokens stay its plain decoding's."""
     from quickdraft.decoding.batch import BatchDecoder, run_batch
     from quickdraft.decoding.batch_plan import BatchPlan
-    from quickdraft.runtime.batched import BatchedTarget
+    from quickdraft.runtime.caches.batched import BatchedTarget
 
     model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64).model
     surface = {(b, w): 1.0 for b in (1, 2, 4) for w in (1, 5)}

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft import QuickdraftError
-from quickdraft.runtime import kernels, linear
-from quickdraft.runtime.llama_block import rms_norm, rope_tables, rotate
-from quickdraft.runtime.native_cache import NativeCachedModel
-from quickdraft.runtime.static_cache import KVCache
+from quickdraft.runtime import kernels
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.forward.llama_block import rms_norm, rope_tables, rotate
+from quickdraft.runtime.kernels import attention, linear
 
 from conftest import int8_rows, tiny_llama
 
@@ -158,14 +159,14 @@ def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype, a
 @needs_ops
 def test_a_long_prefill_attends_through_the_kernel_only_on_its_vector_path(monkeypatch):
     """`long_attention`: AVX-512 levels, bf16/float32 rows, heads of 64/128/256; elsewhere flash SDPA."""
-    kernels._vector_attention.cache_clear()
+    attention._vector_attention.cache_clear()
     monkeypatch.setattr(kernels, "chosen_level", lambda: "avx512_bf16")
-    assert kernels.long_attention(torch.bfloat16, 128) and kernels.long_attention(torch.float32, 64)
-    assert not kernels.long_attention(torch.float64, 128) and not kernels.long_attention(torch.bfloat16, 16)
-    kernels._vector_attention.cache_clear()
+    assert attention.long_attention(torch.bfloat16, 128) and attention.long_attention(torch.float32, 64)
+    assert not attention.long_attention(torch.float64, 128) and not attention.long_attention(torch.bfloat16, 16)
+    attention._vector_attention.cache_clear()
     monkeypatch.setattr(kernels, "chosen_level", lambda: "avx2")
-    assert not kernels.long_attention(torch.bfloat16, 128)
-    kernels._vector_attention.cache_clear()
+    assert not attention.long_attention(torch.bfloat16, 128)
+    attention._vector_attention.cache_clear()
 
 
 @needs_ops
@@ -241,7 +242,7 @@ def test_the_packed_linear_choice_is_kept_per_host(tmp_path, monkeypatch):
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.w8a8 import w8a8_linear
+    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)
@@ -261,8 +262,8 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
 def test_int8_rows_quantized_in_parallel_are_each_row_alone(rows, ops):
     """Rows wide enough that their activation blocks are quantized on both threads, and tiles of 5 and 6
     rows that read the weights once: each row's output is the same bits as the row alone."""
-    from quickdraft.runtime.w4a8 import w4a8_linear
-    from quickdraft.runtime.w8a8 import w8a8_linear
+    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(40, 4100)
@@ -277,7 +278,7 @@ def test_int8_rows_quantized_in_parallel_are_each_row_alone(rows, ops):
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a8_linear_is_its_4bit_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.w4a8 import w4a8_linear
+    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)

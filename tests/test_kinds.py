@@ -55,7 +55,7 @@ def test_pearl_refuses_the_kinds_whose_record_reads_the_target():
     from quickdraft.config import SamplingConfig
     from quickdraft.decoding.parts import DecodeParts
     from quickdraft.decoding.registry import METHODS
-    from quickdraft.runtime.cached_model import CachedModel
+    from quickdraft.runtime.caches.cached_model import CachedModel
 
     target = tiny_text_model(dtype=torch.float64)
     readers = sorted(k.name for k in KINDS.values() if k.reads_target)

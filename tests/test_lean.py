@@ -1,4 +1,4 @@
-"""The GPU's lean forms (issue #50, `runtime/block_parts.py`), run here on a CPU: RMSNorm as one fused
+"""The GPU's lean forms (issue #50, `runtime/forward/block_parts.py`), run here on a CPU: RMSNorm as one fused
 kernel and RoPE as two fused multiply-adds for half-precision rows round once where Hugging Face's
 forms round twice, so they are checked against a float64 reference (as close as Hugging Face's own
 forms are, and never taken for float32/float64 rows, which stay bit for bit Hugging Face's); a batch's
@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from quickdraft import Engine, EngineConfig
-from quickdraft.runtime import batch_cache, kernels
-from quickdraft.runtime.block_parts import LEAN, lean, rms_norm, rotate
-from quickdraft.runtime.llama_block import rope_tables
+from quickdraft.runtime import kernels
+from quickdraft.runtime.caches import batch_cache
+from quickdraft.runtime.forward.block_parts import LEAN, lean, rms_norm, rotate
+from quickdraft.runtime.forward.llama_block import rope_tables
 
 from conftest import tiny_llama, tiny_text_model
 
@@ -98,9 +99,9 @@ def test_additive_masks_keep_speculation_equal_to_plain_in_float64(lean_cpu, fla
 def test_a_bf16_batch_forward_with_lean_forms_stays_near_the_reference(lean_cpu, monkeypatch):
     """The whole static forward in bf16 on torch's ops (the fused CPU kernels off, as on a GPU), lean
     against Hugging Face's forms: the same tokens' logits agree to bf16 rounding."""
-    from quickdraft.runtime.batched import BatchedTarget, RowBlock
-    from quickdraft.runtime.graphs import StaticBatchForward
-    from quickdraft.runtime.native_cache import NativeCachedModel
+    from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock
+    from quickdraft.runtime.caches.native_cache import NativeCachedModel
+    from quickdraft.runtime.forward.graphs import StaticBatchForward
 
     monkeypatch.setattr(kernels, "usable", lambda x: False)
     model = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.bfloat16).model

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quickdraft.runtime import linear
-from quickdraft.runtime.linear import Linear, packed_pays
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.kernels import linear
+from quickdraft.runtime.kernels.linear import Linear, packed_pays
 
 from conftest import tiny_llama
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from quickdraft.models.draft_heads import DraftBlock, DraftHeadConfig, block_cache, init_from_target
-from quickdraft.runtime.native import NativeLlama
-from quickdraft.runtime.static_cache import KVCache
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.forward.native import NativeLlama
 
 from conftest import tiny_llama
 

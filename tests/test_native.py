@@ -13,8 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.errors import QuickdraftError
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.choose import cached_model
-from quickdraft.runtime.native_cache import NativeCachedModel
 
 from conftest import tiny_llama
 

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType, quants
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
-from quickdraft.runtime.gguf_linears import _kernel_form
+from quickdraft.runtime.formats.gguf_linears import _kernel_form
 from quickdraft.weights.gguf_convert import hf_name, unpermute_rows
 from quickdraft.weights.gguf_weights import q4_k_blocks, q6_k_blocks, q6_k_values, q8_codes
 from quickdraft.weights.part_packages import PartPackages, join_parts

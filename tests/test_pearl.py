@@ -15,7 +15,7 @@ from quickdraft.decoding.pearl import PearlDecoder
 from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.verifiers import SpeculativeSampling, make_verifier
 
 from conftest import MarkovModel, noisy_copy, random_transition, tiny_llama

@@ -22,8 +22,8 @@ from quickdraft.drafters.kangaroo import KangarooDrafter
 from quickdraft.drafters.reuse import HeadLM
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.training.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 from quickdraft.verifiers import make_verifier
 
@@ -304,7 +304,7 @@ def test_the_decoder_hands_over_exactly_the_committed_rows(target, tree):
 def test_no_drafter_holds_the_targets_cache_owner(target, trained):
     """Kangaroo drafts with the target's own first layers over the target's cache, through a handle
     on exactly those layers (ShallowPass), never the cache owner itself."""
-    from quickdraft.runtime.native_cache import ShallowPass
+    from quickdraft.runtime.caches.native_cache import ShallowPass
 
     for kind in ("head", "kangaroo", "specdec"):
         drafter = make_drafter(kind, trained)

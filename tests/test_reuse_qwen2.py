@@ -15,7 +15,7 @@ from quickdraft.decoding import Generators, collect
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import options_from
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.training.train_draft_cli import export
 from quickdraft.training.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 

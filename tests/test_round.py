@@ -16,8 +16,8 @@ from quickdraft.decoding.common import StateHandoff
 from quickdraft.decoding.round import Lane, RoundLoop, SoloTarget, block, is_prefix
 from quickdraft.drafters.base import Drafter, DraftRequest
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.runtime.batched import RowBlock
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.batched import RowBlock
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.verifiers.tree import TokenTree
 
 from conftest import tiny_llama

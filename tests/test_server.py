@@ -17,7 +17,7 @@ from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.options import RequestOptions
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.server.app import create_app
 from quickdraft.weights.loading import LoadedModel
 
@@ -680,7 +680,7 @@ def test_batch_full_gets_429_and_a_disconnect_frees_its_row(batch_live):
 def test_a_long_prompt_is_cancelled_mid_prefill_while_health_answers(monkeypatch):
     """A prompt is prefilled a few chunks a step even on an idle server, so a client that goes away
     mid-prefill stops it between chunks, /health answers throughout, and the next request runs."""
-    from quickdraft.runtime.batched import BatchedTarget
+    from quickdraft.runtime.caches.batched import BatchedTarget
 
     target = tiny_text_model(dtype=torch.float32)
     engine = Engine(NoEos(target.model, target.tokenizer, target.name), EngineConfig(drafter="suffix:none"))

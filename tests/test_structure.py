@@ -124,8 +124,8 @@ def test_nothing_imports_from_a_floor_above_it():
 
 def test_an_arrow_up_is_found():  # negative control
     graph = {k: set(v) for k, v in import_graph().items()}
-    graph["quickdraft.runtime.linear"].add("quickdraft.costs.cost_curve")
-    assert ("quickdraft.runtime.linear", "quickdraft.costs.cost_curve") in arrows_up(graph)
+    graph["quickdraft.runtime.kernels.linear"].add("quickdraft.costs.cost_curve")
+    assert ("quickdraft.runtime.kernels.linear", "quickdraft.costs.cost_curve") in arrows_up(graph)
 
 
 def test_the_cycle_finder_finds_a_planted_cycle():  # negative control
@@ -230,10 +230,10 @@ def test_one_drafting_method_finds_a_second_protocol(tmp_path):  # negative cont
     }
 
 
-# a path a docstring, comment or doc page cites: "runtime/linear.py", "src/quickdraft/runtime/kernels",
-# "quickdraft.runtime.w8a8", "scripts/fim_check.py", "docs/bench/serve-pair/", ... (issue #68 item 6)
+# a path a docstring, comment or doc page cites: "runtime/kernels/linear.py", "src/quickdraft/runtime/kernels",
+# "quickdraft.runtime.kernels.w8a8", "scripts/fim_check.py", "docs/bench/serve-pair/", ... (issue #68 item 6)
 _re = __import__("re")
-ROOMS = "bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights|formats|kernels"
+ROOMS = "bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights|formats|kernels|caches|forward"
 _CITED = _re.compile(rf"(?<![\w/.\-])((?:{ROOMS})/[\w/]*\w(?:\.(?:py|cpp|h))?)(?![\w(\-])")
 _TREE = _re.compile(r"(?<![\w/.\-])((?:src/quickdraft|scripts|tests|docs|\.ci)/[\w/.\-]*[\w/])")
 _DOTTED = _re.compile(r"(?<![\w.])(quickdraft(?:\.\w+)+)")
@@ -309,18 +309,21 @@ def test_every_cited_path_exists():
 
 
 def test_a_cited_path_that_moved_is_found(tmp_path):  # negative control
-    text = "See models/linear.py and runtime/linear.py (src/quickdraft/runtime/kv_cache.py is not cited twice)."
-    assert cited_paths(text) == {"models/linear.py", "runtime/linear.py"}
+    text = (
+        "See models/linear.py and runtime/kernels/linear.py "
+        "(src/quickdraft/runtime/caches/kv_cache.py is not cited twice)."
+    )
+    assert cited_paths(text) == {"models/linear.py", "runtime/kernels/linear.py"}
     assert not (SRC / "models/linear.py").exists()
     page = tmp_path / "page.md"
     page.write_text(
-        "runtime/formats, runtime/gone, quickdraft.runtime.w8a8.W8A8Linear, quickdraft.runtime.nope, "
-        "quickdraft.runtime.w8a8.Nope, scripts/nope.py, quickdraft.generate, docs/bench/NAME/x.md"
+        "runtime/formats, runtime/gone, quickdraft.runtime.kernels.w8a8.W8A8Linear, quickdraft.runtime.nope, "
+        "quickdraft.runtime.kernels.w8a8.Nope, scripts/nope.py, quickdraft.generate, docs/bench/NAME/x.md"
     )
     assert missing_citations(tmp_path, [page]) == {
         "page.md: runtime/gone",
         "page.md: quickdraft.runtime.nope",
-        "page.md: quickdraft.runtime.w8a8.Nope",
+        "page.md: quickdraft.runtime.kernels.w8a8.Nope",
         "page.md: scripts/nope.py",
     }
 

@@ -13,8 +13,8 @@ from quickdraft.decoding import Autoregressive, Generators, SpeculativeDecoder, 
 from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape
-from quickdraft.runtime.cached_model import CachedModel
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.target import Target, load_target
 from quickdraft.verifiers import make_verifier
 from quickdraft.verifiers.speculative import SpeculativeSampling

@@ -21,8 +21,8 @@ from quickdraft.cli import main
 from quickdraft.drafters.feature_head import FeatureHeadDrafter
 from quickdraft.drafters.reuse import HeadLM
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.native import NativeLlama
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.forward.native import NativeLlama
 from quickdraft.training import train_run
 from quickdraft.training.decode_eval import GAIN_BUDGETS
 from quickdraft.training.feature_store import FEATURES, Batch, FeatureStore
@@ -272,7 +272,7 @@ def test_decode_evaluation_runs_the_runs_weights_on_its_held_copy(monkeypatch):
     memory); without a holder the engine builds its own (a negative control for the count)."""
     import gc
 
-    from quickdraft.runtime import quantized
+    from quickdraft.runtime.formats import quantized
     from quickdraft.training.decode_eval import decode_eval
     from quickdraft.training.train_heads import HeadTrainingConfig, new_module
     from quickdraft.weights.quant import parse_quantize

@@ -26,9 +26,9 @@ from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from
 from quickdraft.prompts import Prompt, PromptCodec
-from quickdraft.runtime.batched import BatchedTarget
+from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention, resolve_device
-from quickdraft.runtime.graphs import StaticBatchForward
+from quickdraft.runtime.forward.graphs import StaticBatchForward
 from quickdraft.runtime.target import Target, load_target
 from quickdraft.types import GenerationResult
 from quickdraft.weights.default import fixed_weights
@@ -231,7 +231,7 @@ class Engine:
     ) -> BatchDecoder:
         """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
         with `max_batch` rows (default: fitted to this host). `graphs`: the static, CUDA-graphed
-        forward (runtime/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
+        forward (runtime/forward/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
         shapes eagerly)."""
         reason = self.batch_unsupported()
         if reason is not None:

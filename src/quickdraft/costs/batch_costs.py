@@ -27,7 +27,7 @@ def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 2
     max_batch >= max(batches); it has none running afterwards either."""
     if target.rows:
         raise ValueError("measure_batch_costs: the batch is running")
-    from quickdraft.runtime.batched import RowBlock
+    from quickdraft.runtime.caches.batched import RowBlock
 
     context = max(1, min(context, target.max_length - max(widths)))  # a short-context model: fewer
     probe = [3 + i % max(1, target.vocab_size - 3) for i in range(context)]

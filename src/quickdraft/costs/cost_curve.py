@@ -27,7 +27,7 @@ def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
     (the packed linear chosen here, the fused block kernels' build or none), dtype, model and its weights'
     form (a quantized target's curve is much steeper: its kernels are row-bound)."""
     from quickdraft.runtime import kernels
-    from quickdraft.runtime.linear import packing
+    from quickdraft.runtime.kernels.linear import packing
 
     capability = torch.backends.cpu.get_cpu_capability()
     # the fused kernels' build (source, torch, CPU flags): a changed kernel is measured anew

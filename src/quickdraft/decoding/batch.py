@@ -39,7 +39,7 @@ from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.lone_chain import LoneChain
 from quickdraft.decoding.round import Lane, RoundLoop
 from quickdraft.drafters.base import FEATURES, Drafter
-from quickdraft.runtime.batched import BatchedTarget
+from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree

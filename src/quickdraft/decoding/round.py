@@ -2,7 +2,7 @@
 
 Both speculative loops run this step: a lone request (`decoding/vanilla.py`) is a batch of one over
 its target (`SoloTarget`, any runtime), and the batched decoder (`decoding/batch.py`) runs it over
-every row of the batch cache (`runtime/batched.BatchedTarget`). One round of `RoundLoop.step`:
+every row of the batch cache (`runtime/caches/batched.BatchedTarget`). One round of `RoundLoop.step`:
 
 1. draft: each lane asks its drafter for what the budget grants it (a chain of the draft-length
    policy's length, a tree of a shape, or a batch's per-size budget); nothing while the guard keeps
@@ -30,7 +30,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.decoding.common import Generators, StateHandoff
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
-from quickdraft.runtime.batched import RowBlock
+from quickdraft.runtime.caches.batched import RowBlock
 from quickdraft.runtime.choose import eager_attention
 from quickdraft.runtime.target import Target
 from quickdraft.sampling import greedy as greedy_ids

@@ -26,7 +26,7 @@ from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
 from quickdraft.drafters.window import ContextWindow, parse_window
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
@@ -201,7 +201,7 @@ def native_drafter(
 ) -> ModelDrafter:
     """A draft model's drafter in `quant` (a QuantSpec; None: w4a8 for a GGUF-born draft, its own blocks
     where a delta did not retrain them, else none), on the native runtime when quantized."""
-    from quickdraft.runtime.quantized import quantize_model
+    from quickdraft.runtime.formats.quantized import quantize_model
     from quickdraft.weights.quant import QuantSpec, check_dtype
 
     mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
@@ -230,7 +230,7 @@ def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str)
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """The target's own weights quantized (w4a8 by default), run natively with its own cache; in the
     target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
-    from quickdraft.runtime.quantized import quantize_model
+    from quickdraft.runtime.formats.quantized import quantize_model
     from quickdraft.weights.quant import check_dtype
 
     if forces_reference(runtime):

@@ -14,10 +14,10 @@ from quickdraft.drafters.kinds import DrafterSpec, kind_of, shipped_asset
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.draft_heads import for_inference
 from quickdraft.models.head_files import HEAD_META, load_draft_head
-from quickdraft.runtime.cached_model import check_head_ids, scatter_head
+from quickdraft.runtime.caches.cached_model import check_head_ids, scatter_head
 from quickdraft.runtime.choose import forces_reference
-from quickdraft.runtime.linear import Linear, packs
-from quickdraft.runtime.native import unsupported_reason
+from quickdraft.runtime.forward.native import unsupported_reason
+from quickdraft.runtime.kernels.linear import Linear, packs
 from quickdraft.weights.loading import LoadedModel, resolve_dtype
 
 
@@ -29,7 +29,7 @@ class HeadLM:
         self.embed, self.vocab_size = embed, vocab_size
         self.head_ids = None if head_ids is None else check_head_ids(head_ids, vocab_size).to(head.device)
         self.weight = head[: self.vocab_size] if self.head_ids is None else head[self.head_ids].contiguous()
-        # a restricted head is a copy already: packed as the target's linears are (runtime/linear.py);
+        # a restricted head is a copy already: packed as the target's linears are (runtime/kernels/linear.py);
         # the full head stays a view of the target's (no second 50 MB copy)
         self.linear = Linear(self.weight, self.head_ids is not None and packs(self.weight))
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.linear import Linear, fuse_rows, packs
-from quickdraft.runtime.llama_block import Block, causal_mask, rope_tables
-from quickdraft.runtime.static_cache import KVCache
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.forward.llama_block import Block, causal_mask, rope_tables
+from quickdraft.runtime.kernels.linear import Linear, fuse_rows, packs
 
 
 @dataclass
@@ -103,7 +103,7 @@ class DraftBlock(nn.Module):
         return self._block(lambda m: m)
 
     def pack(self) -> None:
-        """Freeze the block for drafting: its linears as the target's are (`runtime/linear.py`: on a
+        """Freeze the block for drafting: its linears as the target's are (`runtime/kernels/linear.py`: on a
         bf16 CPU oneDNN's pre-packed kernel where it measures faster on this host, q/k/v and gate/up
         fused into one call each). The copies do not follow later changes of the weights."""
         pack = packs(self.wq.weight)

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.cached_model import CachedModel
-from quickdraft.runtime.native import unsupported_reason
-from quickdraft.runtime.native_cache import NativeCachedModel
+from quickdraft.runtime.caches.cached_model import CachedModel
+from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.runtime.forward.native import unsupported_reason
 
 RUNTIMES = ("auto", "native", "hf")
 DEVICES = ("auto", "cpu", "cuda")

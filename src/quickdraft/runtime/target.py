@@ -6,9 +6,9 @@ drafter asked for; it keeps the first n cached positions (`rollback`), and where
 `supports_trees`, keeps a chosen subset of the rows just added (`compact`). Decoders are typed
 against this protocol, never against a class, so a backend is one file that implements it:
 
-    native  `runtime/native_cache.py` (NativeCachedModel): quickdraft's own forward (Llama family), trees
+    native  `runtime/caches/native_cache.py` (NativeCachedModel): quickdraft's own forward (Llama family), trees
             and states
-    hf      `runtime/cached_model.py` (CachedModel): Hugging Face's forward, chains only
+    hf      `runtime/caches/cached_model.py` (CachedModel): Hugging Face's forward, chains only
     (test)  `tests/numpy_target.py`: a numpy forward of a tiny Llama, trees included, proving the
             point: it passes the lossless suite through the same decoders
 
@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from quickdraft.runtime.choose import cached_model
-from quickdraft.runtime.quantized import Quantized, quantize_model
+from quickdraft.runtime.formats.quantized import Quantized, quantize_model
 from quickdraft.types import TargetOutput
 from quickdraft.weights.loading import LoadedModel
 from quickdraft.weights.quant import QuantSpec
@@ -39,7 +39,7 @@ class Target(Protocol):
         supports_trees: `forward` takes positions and a tree mask, and `compact` works.
         reads_states: `forward` returns hidden states (`keep_hidden`, `features`) and the target
             offers `shallow_pass` (Kangaroo); drafters that read the target need it.
-        supports_batches: `runtime/batched.BatchedTarget` can run several sequences over its forward
+        supports_batches: `runtime/caches/batched.BatchedTarget` can run several sequences over its forward
             (the target then offers `net`: `forward_batch`, its layer shapes and device).
         vocab_size: V, the columns of every logits row.
         tokens: the ids its cache holds, in order.

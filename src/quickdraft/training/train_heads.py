@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from quickdraft.drafters.kinds import KINDS
 from quickdraft.models.draft_heads import DraftHeadConfig, init_from_target
-from quickdraft.runtime.native import NativeLlama
+from quickdraft.runtime.forward.native import NativeLlama
 from quickdraft.training.feature_store import FEATURES, Batch
 from quickdraft.training.seqkd import response_mask
 

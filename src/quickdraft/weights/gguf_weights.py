@@ -1,5 +1,5 @@
 """A GGUF Llama's or Qwen2's own quantized blocks, decoded for native-runtime linears without a round
-trip (the formats and their math; `runtime/gguf_linears.py` packs them into the kernel forms below).
+trip (the formats and their math; `runtime/formats/gguf_linears.py` packs them into the kernel forms below).
 
     Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact), or
                                                        w4a8 blocks: d, min -8 d

@@ -1,22 +1,22 @@
 """The quantization modes (`QuantSpec`, parsed once at the edge) and the weight-only int8 and int4
 linears for the native runtime (PyTorch's own CPU kernels). The linears on quickdraft's own fused
-kernels (w8a8, w4a8) and the per-weight dispatch live in runtime/ (`runtime/w8a8.py`,
-`runtime/w4a8.py`, `runtime/quantized.py`), beside the kernels they call.
+kernels (w8a8, w4a8) and the per-weight dispatch live in runtime/ (`runtime/kernels/w8a8.py`,
+`runtime/kernels/w4a8.py`, `runtime/formats/quantized.py`), beside the kernels they call.
 
-    none      bf16/float32 weights (runtime/linear.py)
+    none      bf16/float32 weights (runtime/kernels/linear.py)
     int8      one int8 per weight, one scale per output channel (`aten._weight_int8pack_mm`)
     w8a8      int8 weights in blocks of 32 inputs (a scale each), times activations quantized the same
               way per row on the fly (llama.cpp's Q8_0 x Q8_0; VNNI's vpdpbusd in quickdraft's fused
               kernels, runtime/kernels/fused.cpp): half bf16's weight bytes and twice its multiply-adds an
               instruction
     w4a8      4-bit weights in blocks of 32 (a scale and a min each: a GGUF's Q4_1 blocks as they are)
-              times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `runtime/w4a8.py`):
+              times activations quantized per row as w8a8's (llama.cpp's Q4_1 x Q8_1; `runtime/kernels/w4a8.py`):
               5 bits a weight streamed, the fastest one-row step; the LM head stays w8a8
     w4a8-all  every linear, the LM head too, in min-max w4a8 blocks from the float weights, whatever finer
               blocks a GGUF holds: the cheapest step, lossy, made for a draft model (`model:NAME;quant=w4a8-all`)
     int4[:G]  4-bit groups of G = 32 (default) or 64 along the input: value = (q - 8) * scale + zero
               (`aten._weight_int4pack_mm_for_cpu`, the packing of `_convert_weight_to_int4pack_for_cpu`)
-    gguf      a GGUF model's own blocks, packed without a round trip (runtime/gguf_linears.py)
+    gguf      a GGUF model's own blocks, packed without a round trip (runtime/formats/gguf_linears.py)
 
 Weights are quantized from float32 (the dequantized GGUF, or the checkpoint's own float32), never from
 bf16-rounded copies: issue #25's probe lost greedy agreement exactly there (0.87 against 0.98).

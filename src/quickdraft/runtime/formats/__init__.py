@@ -1,7 +1,7 @@
 """Weight formats in one room: every GGUF block type the runtime runs as stored, one record each
 (`base.Format`: bytes a block, weights a block, the rows-as-stored -> kernel-form linear builder, the
-kernel), registered here once. `runtime/gguf_linears.py` builds a GGUF's linears from this registry;
-`runtime/quantized.py` asks it which files run as stored (`as_stored`) and refuses a type it lacks with
+kernel), registered here once. `runtime/formats/gguf_linears.py` builds a GGUF's linears from this registry;
+`runtime/formats/quantized.py` asks it which files run as stored (`as_stored`) and refuses a type it lacks with
 one line (`unsupported`), never requantizing it silently.
 
 Adding a GGUF type is one file beside these (its block reader and its record) and one line below, with

@@ -1,6 +1,6 @@
 """GGUF's 32-weight block types of the first generation, as stored: Q4_0 (w = (q - 8) d) and Q4_1 (w = q d +
-m) as 4-bit blocks (`runtime/w4a8.py`), Q8_0 (w = q d) and Q5_0 (w = (q - 16) d) as int8 blocks
-(`runtime/w8a8.py`), each times int8 activations. The block readers: `weights/gguf_weights.py`."""
+m) as 4-bit blocks (`runtime/kernels/w4a8.py`), Q8_0 (w = q d) and Q5_0 (w = (q - 16) d) as int8 blocks
+(`runtime/kernels/w8a8.py`), each times int8 activations. The block readers: `weights/gguf_weights.py`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.formats.base import Format
-from quickdraft.runtime.w4a8 import W4A8Linear
-from quickdraft.runtime.w8a8 import W8A8Linear
+from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+from quickdraft.runtime.kernels.w8a8 import W8A8Linear
 from quickdraft.weights.gguf_weights import q4_blocks, q8_codes
 
 

@@ -10,7 +10,7 @@ import torch
 from gguf.quants import Q4_K
 
 from quickdraft.runtime.formats.base import Format, bits, codes_of, fp16, nibbles, per_output
-from quickdraft.runtime.w8a8 import W8A8Linear
+from quickdraft.runtime.kernels.w8a8 import W8A8Linear
 
 
 def linear(rows: torch.Tensor) -> W8A8Linear:

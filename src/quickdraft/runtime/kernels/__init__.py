@@ -200,20 +200,6 @@ def usable(x: torch.Tensor) -> bool:
     return fused_ops() is not None
 
 
-def long_attention(dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the `attend` kernel beats torch's flash SDPA over many rows (a prompt's prefill): its
-    AVX-512 path (bf16 or float32 rows, heads of 64, 128 or 256), which reads each row's keys only up to
-    its last attended one. Measured on an AMD EPYC (AVX-512-BF16, 2 threads), 700 causal rows over 12
-    heads of 128: 8.2 ms against SDPA's 18.5 (14 heads of 64: 6.1 against 12.7); the scalar path, on
-    an AVX2 level, took 28 ms."""
-    return dtype in (torch.bfloat16, torch.float32) and head_dim in (64, 128, 256) and _vector_attention()
-
-
-@functools.cache
-def _vector_attention() -> bool:  # found once a process, as the kernels' level (`_chosen`)
-    return fused_ops() is not None and chosen_level().startswith("avx512")
-
-
 def on_rows(fn, x: torch.Tensor, out: int, *args) -> torch.Tensor:
     """A kernel taking (n, in) rows (`fn(rows, *args, out)`) over x (..., in) -> (..., out)."""
     if x.dim() == 2:

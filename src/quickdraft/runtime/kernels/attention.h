@@ -1,8 +1,11 @@
 // attend: T query rows over the first L cached positions (GQA, optional mask), with AVX-512 a kv head's
-// rows at a time, a scalar loop elsewhere. Python: runtime/llama_block.py (Block._attend).
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// rows at a time, a scalar loop elsewhere. Python: runtime/forward/llama_block.py (Block._attend).
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "common.h"
+
+namespace {
 
 #if defined(__AVX512F__)
 // ---- attention with AVX-512, a kv head's query rows at a time -------------------------------------------
@@ -213,3 +216,5 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
   });
   return out;
 }
+
+}  // namespace

@@ -1,14 +1,14 @@
 // Fused CPU kernels for the native block (runtime/kernels/__init__.py builds and loads them), one
-// translation unit: the shared helpers here, then the parts, each named as the Python file that calls it:
-//   llama_block.h   add_rms_norm, rope_store, silu_mul, gelu_tanh_mul       (runtime/llama_block.py)
-//   attention.h     attend                                                  (runtime/llama_block.py)
-//   linear.h        pack_bf16, linear_packed                                (runtime/linear.py)
+// translation unit of self-contained parts (common.h: the shared ground), each named as the Python file that calls it:
+//   block_ops.h     add_rms_norm, rope_store, silu_mul, gelu_tanh_mul       (runtime/forward/llama_block.py)
+//   attention.h     attend                                                  (runtime/forward/llama_block.py)
+//   linear.h        pack_bf16, linear_packed                                (runtime/kernels/linear.py)
 //   int8_rows.h     the int8-activation linears' shared parts: the rows' quantization, stores
-//   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/w8a8.py)
-//   w4a8.h          pack_q4, linear_w4a8                                    (runtime/w4a8.py)
-//   w6a8.h          pack_q6, linear_w6a8                                    (runtime/w6a8.py)
-//   q4k.h           pack_q4k, linear_q4k                                    (runtime/q4k.py)
-//   fused_layers.h  llama_layers: the kernels above over a run of layers    (runtime/fused_layers.py)
+//   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/kernels/w8a8.py)
+//   w4a8.h          pack_q4, linear_w4a8                                    (runtime/kernels/w4a8.py)
+//   w6a8.h          pack_q6, linear_w6a8                                    (runtime/kernels/w6a8.py)
+//   q4k.h           pack_q4k, linear_q4k                                    (runtime/kernels/q4k.py)
+//   fused_layers.h  llama_layers: the kernels above over a run of layers    (runtime/kernels/fused_layers.py)
 //
 // A one-row step of a small model is dominated by per-op overhead, not arithmetic: torch.profiler on
 // SmolLM2-135M showed flash SDPA at 142 us a call for one query row over 200 keys, and RMSNorm's six
@@ -20,53 +20,7 @@
 // where AVX-512's are not built), the rest is the compiler's vectorization.
 // Every tensor a kernel indexes is checked first (check_input, TORCH_CHECK): a clear error, never a
 // read out of bounds.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <ATen/OpMathType.h>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
-using at::Tensor;
-
-namespace {
-
-constexpr int64_t kGrain = 1 << 16;  // elements of work below which a loop stays on one thread
-
-// Every tensor a kernel indexes is checked first (a clear error to Python, never a read out of bounds):
-// on the CPU, of the dtype the kernel reads it as, contiguous, with the dimensions it indexes.
-inline void check_input(const Tensor& t, const char* what, at::ScalarType dtype, int64_t dim) {
-  TORCH_CHECK(t.defined() && t.device().is_cpu(), what, ": expected a CPU tensor");
-  TORCH_CHECK(t.scalar_type() == dtype, what, ": dtype ", t.scalar_type(), ", expected ", dtype);
-  TORCH_CHECK(t.dim() == dim && t.is_contiguous(), what, ": expected a contiguous ", dim, "-d tensor, got ", t.sizes());
-}
-
-// exp for float, branch-free so loops over it vectorize (Cephes' expf: range reduction by ln 2 split
-// in two, a degree-6 polynomial, 2^n from the exponent bits; about 1 ulp). Doubles take std::exp.
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-inline double fast_exp(double x) { return std::exp(x); }
-
-#include "llama_block.h"
+#include "block_ops.h"
 #include "attention.h"
 #include "linear.h"
 #include "int8_rows.h"
@@ -75,8 +29,6 @@ inline double fast_exp(double x) { return std::exp(x); }
 #include "w6a8.h"
 #include "q4k.h"
 #include "fused_layers.h"
-
-}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // every kernel runs without the GIL (its arguments converted first): a long prefill on the server's

@@ -1,8 +1,17 @@
 // llama_layers: plain Llama (and Qwen2: q/k/v biases) blocks over one sequence's rows in one call, the kernels above in the order
-// Block._fused_forward calls them. Python: runtime/fused_layers.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// Block._fused_forward calls them. Python: runtime/kernels/fused_layers.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "block_ops.h"
+#include "attention.h"
+#include "linear.h"
+#include "w8a8.h"
+#include "w4a8.h"
+#include "w6a8.h"
+#include "q4k.h"
+
+namespace {
 
 // ---- plain Llama blocks, one call for a run of layers ------------------------------------------------------
 // What llama_block.Block._fused_forward does layer by layer from Python, without Python between the
@@ -70,3 +79,5 @@ Tensor llama_layers(Tensor x, const std::vector<Tensor>& norms, const std::vecto
   }
   return x;
 }
+
+}  // namespace

@@ -1,8 +1,13 @@
 // The int8-activation linears' shared parts (w8a8.h, w4a8.h, w6a8.h, q4k.h): the
 // rows' quantization per block of 32 (llama.cpp's Q8_0 activations), the tiles' row-count dispatch and
-// their stores, and AVX2's stand-ins for VNNI's vpdpbusd. A part of fused.cpp's one translation unit
-// (included inside its anonymous namespace, after its shared helpers): not compiled alone.
+// their stores, and AVX2's stand-ins for VNNI's vpdpbusd. Self-contained (it includes what it uses);
+// compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "common.h"
+#include "linear.h"
+
+namespace {
 
 constexpr int kQBlock = 32;  // inputs per scale block (the activations' and every int8 linear's)
 
@@ -135,3 +140,5 @@ const QuantizedRows& quantized_rows(const Tensor& x, int64_t Kp, int64_t KB) {
     }));
   return q;
 }
+
+}  // namespace

@@ -1,8 +1,11 @@
 // pack_bf16 / linear_packed: bf16 linears over a packed weight (AVX512-BF16's vdpbf16ps where present).
-// Python: runtime/linear.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// Python: runtime/kernels/linear.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "common.h"
+
+namespace {
 
 // ---- packed bf16 linears: y = x W^T with W streamed once, no horizontal sums --------------------------
 // pack_bf16 lays a (N, K) weight out as (N/16, K/2, 16, 2): for each block of 16 outputs, every pair of
@@ -173,3 +176,5 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
   });
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+
+}  // namespace

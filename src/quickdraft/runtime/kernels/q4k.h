@@ -1,8 +1,11 @@
 // pack_q4k / linear_q4k: a GGUF's Q4_K weights as stored (4-bit codes, 6-bit scales and mins per 32
-// inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/q4k.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
-// w4a8.h, whose code quads and tile it shares): not compiled alone.
+// inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/kernels/q4k.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "w4a8.h"
+
+namespace {
 
 // ---- Q4_K weights x int8 activations in blocks of 32 on VNNI -----------------------------------------------
 // Weights: w = d sc_b q - dmin mn_b, q a code 0..15, sc_b and mn_b 6-bit integers per output and block
@@ -243,3 +246,5 @@ Tensor linear_q4k(const Tensor& x, const Tensor& packed, int64_t N) {
     q4k_run<at::BFloat16>(q.xq.data(), M, Kp, KS, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+
+}  // namespace

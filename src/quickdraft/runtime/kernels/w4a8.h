@@ -1,8 +1,11 @@
 // pack_q4 / linear_w4a8: 4-bit weights (a GGUF's Q4_0/Q4_1 blocks) x int8 activations (VNNI where
-// present). Python: runtime/w4a8.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// present). Python: runtime/kernels/w4a8.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "int8_rows.h"
+
+namespace {
 
 
 // ---- 4-bit weights x int8 activations in blocks of 32 (W4A8, as llama.cpp's Q4_1 x Q8_1) on VNNI ---------
@@ -203,3 +206,5 @@ Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
     w4a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+
+}  // namespace

@@ -1,8 +1,12 @@
 // pack_q6 / linear_w6a8: a GGUF's Q6_K weights as stored (6-bit codes, an int8 scale per 16 inputs, an
-// fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/w6a8.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after
-// w8a8.h and w4a8.h): not compiled alone.
+// fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/kernels/w6a8.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "w8a8.h"
+#include "w4a8.h"
+
+namespace {
 
 // ---- Q6_K weights x int8 activations in blocks of 32 on VNNI ------------------------------------------------
 // Weights: w = d sc_j (q - 32), q a code 0..63, sc_j an int8 scale per output and 16 inputs, d an fp16
@@ -276,3 +280,5 @@ Tensor linear_w6a8(const Tensor& x, const Tensor& packed, int64_t N) {
     w6a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), h16.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+
+}  // namespace

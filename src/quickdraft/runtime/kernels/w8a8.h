@@ -1,9 +1,12 @@
 // pack_int8 / pack_blocks / linear_w8a8 / linear_w8a8_min: int8 weights x int8 activations in blocks of 32
 // (VNNI where present), with an optional float min per half-block (w = s q + mn: GGUF's Q5_1, Q5_K, Q2_K
-// codes as stored). Python: runtime/w8a8.py. The rows' quantization: int8_rows.h.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// codes as stored). Python: runtime/kernels/w8a8.py. The rows' quantization: int8_rows.h.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "int8_rows.h"
+
+namespace {
 
 // ---- int8 weights x int8 activations in blocks of 32 (W8A8, as llama.cpp's Q8_0 x Q8_0) on VNNI -------
 // Weights: int8 with one float scale per output and block of 32 inputs, stored shifted by 128 (unsigned);
@@ -229,3 +232,5 @@ Tensor linear_w8a8(const Tensor& x, const Tensor& packed, const Tensor& scales, 
 Tensor linear_w8a8_min(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
   return w8a8_forward<true>(x, packed, scales, N);
 }
+
+}  // namespace

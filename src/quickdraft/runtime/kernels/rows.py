@@ -2,18 +2,18 @@
 
 `fused_slices` builds one linear over the parts' concatenated rows and hands back the parts as
 `RowSlice`s of it; `concat_rows` gives that whole back for consecutive slices (no copy), or builds one
-from parts of one quantized kind (the runtime's fused q|k|v and gate|up calls: `runtime/linear.py`).
+from parts of one quantized kind (the runtime's fused q|k|v and gate|up calls: `runtime/kernels/linear.py`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from quickdraft.runtime.q4k import Q4KLinear
-from quickdraft.runtime.q4k import concat as concat_q4k
-from quickdraft.runtime.w4a8 import W4A8Linear
-from quickdraft.runtime.w4a8 import concat as concat_w4a8
-from quickdraft.runtime.w8a8 import W8A8Linear
+from quickdraft.runtime.kernels.q4k import Q4KLinear
+from quickdraft.runtime.kernels.q4k import concat as concat_q4k
+from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+from quickdraft.runtime.kernels.w4a8 import concat as concat_w4a8
+from quickdraft.runtime.kernels.w8a8 import W8A8Linear
 from quickdraft.weights.quant import Int4Linear, Int8Linear
 
 

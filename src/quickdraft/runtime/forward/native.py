@@ -20,13 +20,13 @@ from itertools import pairwise
 import torch
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.batch_cache import BatchKVCache
-from quickdraft.runtime.block_parts import gemma_norm, lean_device
-from quickdraft.runtime.families import describe, long_ropes, rope_sets, unsupported_reason
-from quickdraft.runtime.fused_layers import LayerKernels
-from quickdraft.runtime.linear import Linear, fuse_rows, packs
-from quickdraft.runtime.llama_block import Block, add_norm, rope_tables
-from quickdraft.runtime.static_cache import KVCache
+from quickdraft.runtime.caches.batch_cache import BatchKVCache
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.forward.block_parts import gemma_norm, lean_device
+from quickdraft.runtime.forward.families import describe, long_ropes, rope_sets, unsupported_reason
+from quickdraft.runtime.forward.llama_block import Block, add_norm, rope_tables
+from quickdraft.runtime.kernels.fused_layers import LayerKernels
+from quickdraft.runtime.kernels.linear import Linear, fuse_rows, packs
 
 __all__ = ["NativeLlama", "unsupported_reason"]
 
@@ -38,7 +38,7 @@ class NativeLlama:
     Args:
         model: the Hugging Face model.
         linears: kernel-form linears by parameter name (e.g. "model.layers.0.mlp.up_proj.weight",
-            "lm_head.weight"), e.g. int4 ones from runtime/quantized.py; the others read the weights.
+            "lm_head.weight"), e.g. int4 ones from runtime/formats/quantized.py; the others read the weights.
     """
 
     def __init__(self, model, linears: Mapping[str, Callable] | None = None) -> None:
@@ -53,7 +53,7 @@ class NativeLlama:
         self.max_length = int(cfg.max_position_embeddings)
         self.embed = inner.embed_tokens.weight
         self.dtype, self.device = self.embed.dtype, self.embed.device
-        # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (runtime/linear.py)
+        # bf16 on CPU: oneDNN's packed kernel where it measures faster on this host (runtime/kernels/linear.py)
         pack = packs(self.embed)
         self.packed = pack
         given = dict(linears or {})
@@ -241,7 +241,7 @@ def batch_window_mask(mask: torch.Tensor, starts: torch.Tensor, positions: torch
     """A batch's (B, T, span) `mask` narrowed to a sliding window: row b's cached context holds
     positions 0..starts[b]-1 in order and its new rows, written at starts[b].., are at `positions`
     (B, T); a row at position p sees keys at positions > p - window (a padding row still sees itself).
-    No read back from the device: it runs inside a captured CUDA graph (runtime/graphs.py)."""
+    No read back from the device: it runs inside a captured CUDA graph (runtime/forward/graphs.py)."""
     b, t = positions.shape
     keys = torch.arange(mask.shape[-1], device=mask.device).repeat(b, 1)  # (B, span) key positions
     cols = starts.to(mask.device)[:, None] + torch.arange(t, device=mask.device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.runtime.batch_cache import BatchKVCache
+from quickdraft.runtime.caches.batch_cache import BatchKVCache
 from quickdraft.types import TargetOutput
 
 
@@ -120,7 +120,7 @@ class BatchedTarget:
     @torch.inference_mode()
     def forward(self, blocks: Sequence[RowBlock]) -> list[torch.Tensor]:
         """One forward over every running row's block (one block per row, in row order); returns
-        each row's (n_b, V) logits. With `static` set (runtime/graphs.py) its static or graphed
+        each row's (n_b, V) logits. With `static` set (runtime/forward/graphs.py) its static or graphed
         forward runs it."""
         return self.forward_features(blocks)[0]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quickdraft.runtime.static_cache import KVCache, grow, grown_capacity
+from quickdraft.runtime.caches.static_cache import KVCache, grow, grown_capacity
 
 
 class BatchKVCache:

@@ -15,10 +15,10 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import formats
-from quickdraft.runtime.q4k import Q4KLinear
-from quickdraft.runtime.w4a8 import W4A8Linear
-from quickdraft.runtime.w6a8 import W6A8Linear
-from quickdraft.runtime.w8a8 import W8A8Linear, w8a8_linear
+from quickdraft.runtime.kernels.q4k import Q4KLinear
+from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+from quickdraft.runtime.kernels.w8a8 import W8A8Linear, w8a8_linear
 from quickdraft.weights.gguf_convert import unpermute_rows
 from quickdraft.weights.gguf_weights import (
     int4_form,

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import context_length
-from quickdraft.runtime.kv_cache import cache_length, crop, new_cache
+from quickdraft.runtime.caches.kv_cache import cache_length, crop, new_cache
 from quickdraft.types import TargetOutput
 
 

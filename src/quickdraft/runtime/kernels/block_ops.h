@@ -1,9 +1,12 @@
 // The block's small ops, row by row in a fixed order (batch-invariant): add_rms_norm (optional residual
 // add, then Hugging Face's RMSNorm), rope_store (RoPE on fused qkv rows, k and v into the cache) and the
-// gated activations silu_mul / gelu_tanh_mul (SwiGLU, GeGLU). Python: runtime/llama_block.py.
-// A part of fused.cpp's one translation unit (included inside its anonymous namespace, after the
-// shared helpers): not compiled alone.
+// gated activations silu_mul / gelu_tanh_mul (SwiGLU, GeGLU). Python: runtime/forward/llama_block.py.
+// Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
+
+#include "common.h"
+
+namespace {
 
 template <typename scalar_t>
 void add_rms_norm_rows(const scalar_t* x, const scalar_t* h, const scalar_t* w, scalar_t* sum, scalar_t* out,
@@ -145,3 +148,5 @@ Tensor gelu_tanh_mul(const Tensor& gu) {
     return acc_t(0.5) * x * (acc_t(1) + (acc_t(1) - acc_t(2) / (fast_exp(acc_t(2) * y) + acc_t(1))));
   });
 }
+
+}  // namespace

@@ -5,22 +5,27 @@ the Python between them is a real share of the step (AMD EPYC, 2 threads, SmolLM
 weights: about 0.7 ms of a 4.4 ms one-row step). `LayerKernels` hands the whole run of layers to one
 call that does the same kernels in the same order, so a forward through it is the same bits as
 through the Python path (tested). It runs where every layer of the run is a plain Llama block (or Qwen2's: q/k/v biases)
-whose linears are kernel forms: our packed bf16 (`runtime/linear.py`, the "fused" kind), w8a8 or
+whose linears are kernel forms: our packed bf16 (`runtime/kernels/linear.py`, the "fused" kind), w8a8 or
 w4a8 (`weights/`); otherwise, or for more rows than the attention kernel takes, the Python path runs.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.linear import Linear, PackedRows
-from quickdraft.runtime.llama_block import ATTEND_ROWS, Block
-from quickdraft.runtime.q4k import Q4KLinear
-from quickdraft.runtime.static_cache import KVCache
-from quickdraft.runtime.w4a8 import W4A8Linear
-from quickdraft.runtime.w6a8 import W6A8Linear
-from quickdraft.runtime.w8a8 import W8A8Linear
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.kernels.attention import ATTEND_ROWS
+from quickdraft.runtime.kernels.linear import Linear, PackedRows
+from quickdraft.runtime.kernels.q4k import Q4KLinear
+from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+
+if TYPE_CHECKING:  # the blocks are read by their attributes
+    from quickdraft.runtime.forward.llama_block import Block
 
 _NONE = torch.empty(0)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.q4k import Q4KLinear
-from quickdraft.runtime.w6a8 import W6A8Linear
+from quickdraft.runtime.kernels.q4k import Q4KLinear
+from quickdraft.runtime.kernels.w6a8 import W6A8Linear
 from quickdraft.weights.gguf_weights import gguf_float_reader
 from quickdraft.weights.loading import LoadedModel
 

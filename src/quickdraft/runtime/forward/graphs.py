@@ -2,7 +2,7 @@
 
 On a GPU a small model's forward waits on kernel launches, not on memory: a CUDA graph replays the
 whole forward's kernels as one launch, but only over fixed buffers and shapes. So the batched
-forward (`runtime/batched.py`) is made static here:
+forward (`runtime/caches/batched.py`) is made static here:
 - every slot of the batch cache runs (idle slots write to their own unused positions and see only
   themselves), and the new rows of each row are padded to a width bucket (1, 2, 4, ..., 64);
 - attention reads a span bucket of the cache (256, 512, ... positions, up to its preallocated
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from quickdraft.runtime.batched import BatchedTarget, RowBlock, block_inputs, pick_rows
+from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock, block_inputs, pick_rows
 from quickdraft.sampling import greedy
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)

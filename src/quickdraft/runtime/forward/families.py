@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.runtime.block_parts import LLAMA, BlockStyle
+from quickdraft.runtime.forward.block_parts import LLAMA, BlockStyle
 
 FAMILIES: dict[str, BlockStyle] = {
     "llama": LLAMA,

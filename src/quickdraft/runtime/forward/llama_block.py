@@ -23,20 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.batch_cache import BatchKVCache
-from quickdraft.runtime.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm, rms_norm, rotate
-from quickdraft.runtime.linear import apply_rows
-from quickdraft.runtime.static_cache import KVCache
-
-# Up to this many rows attend through the fused kernel, more (a prompt's prefill) through torch's flash
-# SDPA, whose GEMMs pay there, unless the kernel's AVX-512 path runs (`kernels.long_attention`). Every
-# verify width stays on the kernel: its sums run in key order, one key at a time, so a row's attention is
-# the same bits whatever the width, and with the per-row norm, RoPE and SwiGLU kernels and the packed
-# linear (a fixed k order per row) the whole forward is batch-invariant: greedy speculation equals plain
-# decoding exactly in bf16 too. Measured on an AMD EPYC (AVX-512-BF16, 2 threads; scripts/step_profile.py):
-# the kernel beat SDPA at 5 rows (12.3 against 13.5 ms), tied at 9 and lost at 17 (26.7 against 23.6 ms),
-# before it read each row's keys only up to its last attended one.
-ATTEND_ROWS = 64
+from quickdraft.runtime.caches.batch_cache import BatchKVCache
+from quickdraft.runtime.caches.static_cache import KVCache
+from quickdraft.runtime.forward.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm, rms_norm, rotate
+from quickdraft.runtime.kernels import block_ops
+from quickdraft.runtime.kernels.attention import ATTEND_ROWS, attend, long_attention
+from quickdraft.runtime.kernels.linear import apply_rows
 
 
 def add_norm(
@@ -47,7 +39,7 @@ def add_norm(
     in float64 (Hugging Face's norm runs in float32, and torch's reduction keeps logits equal to its
     to 1e-10)."""
     if x.dim() == 2 and x.dtype != torch.float64 and kernels.usable(x):
-        s, normed = kernels.fused_ops().add_rms_norm(x.contiguous(), residual, weight, eps)
+        s, normed = block_ops.add_rms_norm(x.contiguous(), residual, weight, eps)
         return (x if residual is None else s), normed
     s = x if residual is None else x + residual
     return s, rms_norm(s, weight, eps)
@@ -83,7 +75,7 @@ class Block:
     kv_heads: int
     head_dim: int
     eps: float
-    # the described block (runtime/native.py's `describe`): all None / defaults for a Llama block
+    # the described block (runtime/forward/native.py's `describe`): all None / defaults for a Llama block
     style: BlockStyle = LLAMA
     q_norm: torch.Tensor | None = None  # (d,) RMSNorm of every query head before RoPE (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
@@ -180,8 +172,8 @@ class Block:
         (training reads the outputs of the scored rows only)."""
         if rows is None and self.down is not None and cache is not None and self._fusable(x, cache):
             if type(cache) is KVCache and x.dim() == 2:
-                attend = functools.partial(self._attend, cache.k[layer], cache.v[layer], at, mask)
-                return self._fused_forward(kernels.fused_ops(), x, cos, sin, attend)
+                one = functools.partial(self._attend, cache.k[layer], cache.v[layer], at, mask)
+                return self._fused_forward(x, cos, sin, one)
             if type(cache) is BatchKVCache and x.dim() == 3 and x.shape[1] <= ATTEND_ROWS:
                 return self._fused_batch_forward(x, cos, sin, cache, layer, at, mask)
         h = self.attention(self.norm(x, self.attn_norm), cos, sin, cache, layer, at, mask, rows)
@@ -209,12 +201,12 @@ class Block:
             self._knorms = {n: ((1.0 + w.float()).to(w.dtype) if gemma else w).contiguous() for n, w in weights.items()}
         return self._knorms
 
-    def _fused_forward(self, ops, x, cos, sin, attend: Callable) -> torch.Tensor:
+    def _fused_forward(self, x, cos, sin, attend: Callable) -> torch.Tensor:
         """`forward` over (T, H) rows with the fused kernels (runtime/kernels): the norms (with the
         residual add), RoPE with the cache write, attention and the gated activation are one call
         each; the linears are the block's own. A described block adds its parts between them (q/k/v
         biases, per-head q/k norms, the attention scale, the sandwich norms, GeGLU). Same arithmetic
-        as the torch path, rounding aside; row by row, so batch-invariant. `attend(ops, y, cos, sin)`
+        as the torch path, rounding aside; row by row, so batch-invariant. `attend(y, cos, sin)`
         runs RoPE, the cache write and attention of the fused q|k|v rows: one sequence's (`_attend`),
         or each row of a batch over its own cache (`_fused_batch_forward`)."""
         norms, eps, n = self._kernel_norms(), self.eps, x.shape[0]
@@ -225,40 +217,42 @@ class Block:
             y = y + self.qkv_bias
         if self.q_norm is not None:  # per-head RMSNorm of queries and keys, before RoPE
             qd, kd, d = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim
-            q_rows = ops.add_rms_norm(y[:, :qd].reshape(-1, d).contiguous(), None, norms["q_norm"], eps)[1]
-            k_rows = ops.add_rms_norm(y[:, qd : qd + kd].reshape(-1, d).contiguous(), None, norms["k_norm"], eps)[1]
+            q_rows = block_ops.add_rms_norm(y[:, :qd].reshape(-1, d).contiguous(), None, norms["q_norm"], eps)[1]
+            k_rows = block_ops.add_rms_norm(y[:, qd : qd + kd].reshape(-1, d).contiguous(), None, norms["k_norm"], eps)[
+                1
+            ]
             y = torch.cat([q_rows.view(n, qd), k_rows.view(n, kd), y[:, qd + kd :]], dim=1)
         if cos.dtype != y.dtype:
             cos, sin = cos.to(y.dtype), sin.to(y.dtype)
-        out = attend(ops, y, cos, sin)  # (T, heads * d)
+        out = attend(y, cos, sin)  # (T, heads * d)
         o = self.wo(out)
         if self.post_attn_norm is not None:
-            o = ops.add_rms_norm(o.contiguous(), None, norms["post_attn_norm"], eps)[1]
+            o = block_ops.add_rms_norm(o.contiguous(), None, norms["post_attn_norm"], eps)[1]
         x, h = add_norm(x, norms["mlp_norm"], eps, o)
         gelu = self.style.act == "gelu_tanh"
         if len(self.gate_up) == 1 and self.gate_up_sizes[0] == self.gate_up_sizes[1]:
-            m = (ops.gelu_tanh_mul if gelu else ops.silu_mul)(self.gate_up[0](h).contiguous())
+            m = block_ops.gated_mul(self.gate_up[0](h).contiguous(), gelu)
         else:
             gate, up = apply_rows(self.gate_up, self.gate_up_sizes, h)
             m = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
         m = self.down(m)
         if self.post_mlp_norm is not None:
-            m = ops.add_rms_norm(m.contiguous(), None, norms["post_mlp_norm"], eps)[1]
+            m = block_ops.add_rms_norm(m.contiguous(), None, norms["post_mlp_norm"], eps)[1]
         return x + m
 
-    def _attend(self, k_cache, v_cache, at: int, mask, ops, y, cos, sin) -> torch.Tensor:
+    def _attend(self, k_cache, v_cache, at: int, mask, y, cos, sin) -> torch.Tensor:
         """RoPE and the cache write of one sequence's fused q|k|v rows y (T, width) at positions
         at..at+T of a layer's (kv, capacity, d) cache, then their attention: (T, heads * d)."""
-        q = ops.rope_store(
+        q = block_ops.rope_store(
             y.contiguous(), cos.contiguous(), sin.contiguous(), k_cache, v_cache, at, self.heads, self.kv_heads
         )
         if self.q_scale != 1.0:
             q = (q * self.q_scale).contiguous()
         n = y.shape[0]
-        if n <= ATTEND_ROWS or kernels.long_attention(q.dtype, self.head_dim):
+        if n <= ATTEND_ROWS or long_attention(q.dtype, self.head_dim):
             # verify widths: one fused call, batch-invariant; a long prefill too where the kernel's vector
             # path runs (a prefill row is then the same bits as the row decoded alone); else flash SDPA
-            return ops.attend(q, k_cache, v_cache, at + n, mask)
+            return attend(q, k_cache, v_cache, at + n, mask)
         keys, values = k_cache[:, : at + n], v_cache[:, : at + n]
         q = q.transpose(0, 1)[None]  # (1, heads, T, d)
         out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
@@ -272,17 +266,17 @@ class Block:
         b, t, hidden = x.shape
         at = [int(a) for a in starts.tolist()]
 
-        def attend(ops, y, cos_rows, sin_rows):
+        def attend_rows(y, cos_rows, sin_rows):
             return torch.cat([
                 self._attend(
-                    cache.k[layer, i], cache.v[layer, i], at[i], mask[i, 0, :, : at[i] + t], ops,
+                    cache.k[layer, i], cache.v[layer, i], at[i], mask[i, 0, :, : at[i] + t],
                     y[i * t : (i + 1) * t], cos_rows[i * t : (i + 1) * t], sin_rows[i * t : (i + 1) * t],
                 )
                 for i in range(b)
             ])  # fmt: skip
 
         flat = self._fused_forward(
-            kernels.fused_ops(), x.reshape(b * t, hidden), cos.reshape(b * t, -1), sin.reshape(b * t, -1), attend
+            x.reshape(b * t, hidden), cos.reshape(b * t, -1), sin.reshape(b * t, -1), attend_rows
         )
         return flat.view(b, t, hidden)
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from quickdraft.runtime.cached_model import TokenCacheVerbs, check_head_ids, scatter_head
-from quickdraft.runtime.linear import Linear
-from quickdraft.runtime.native import NativeLlama
+from quickdraft.runtime.caches.cached_model import TokenCacheVerbs, check_head_ids, scatter_head
+from quickdraft.runtime.forward.native import NativeLlama
+from quickdraft.runtime.kernels.linear import Linear
 from quickdraft.types import TargetOutput
 
 
@@ -72,7 +72,7 @@ class NativeCachedModel(TokenCacheVerbs):
     runtime = "native"
     supports_trees = True
     reads_states = True
-    # runtime/batched.py (BatchedTarget) runs several sequences over its forward, every described block
+    # runtime/caches/batched.py (BatchedTarget) runs several sequences over its forward, every described block
     # (sliding windows narrow the batch's mask per layer; capped scores take the explicit product)
     supports_batches = True
 

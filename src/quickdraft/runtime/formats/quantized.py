@@ -19,11 +19,11 @@ import torch
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import release_free_memory
 from quickdraft.runtime import formats
-from quickdraft.runtime.float_source import float32_source as _float32_source
-from quickdraft.runtime.gguf_linears import gguf_linears
-from quickdraft.runtime.rows import KeptRows, fused_slices
-from quickdraft.runtime.w4a8 import w4a8_linear
-from quickdraft.runtime.w8a8 import w8a8_linear
+from quickdraft.runtime.formats.float_source import float32_source as _float32_source
+from quickdraft.runtime.formats.gguf_linears import gguf_linears
+from quickdraft.runtime.kernels.rows import KeptRows, fused_slices
+from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+from quickdraft.runtime.kernels.w8a8 import w8a8_linear
 from quickdraft.weights.gguf_convert import open_gguf
 from quickdraft.weights.gguf_weights import FOUR_BIT, gguf_types
 from quickdraft.weights.loading import LoadedModel
