@@ -86,8 +86,8 @@ REPEAT = DrafterKind(
     name="repeat",
     usage="repeat[:N]",
     summary="the last token, N times",
-    build=lambda spec, target, dtype, runtime: RepeatDrafter(int_arg("repeat", spec.arg, 2), str(spec)),
-    check_arg=lambda arg: int_arg("repeat", arg, 2),
+    build=lambda spec, target, dtype, runtime: RepeatDrafter(spec.value, str(spec)),
+    parse_arg=lambda arg: int_arg("repeat", arg, 2),
     has_model=False,
 )
 
@@ -112,6 +112,22 @@ def test_a_new_kind_is_one_record(with_repeat):
         assert out.stats.num_draft_tokens > 0, spec  # speculation happened
     sampled = Engine(target, options_from({"method": "pearl", "drafter": "repeat:2", "gamma": 2}))
     assert len(sampled.generate("abab", max_new_tokens=8, temperature=1.0, seed=1).token_ids) == 8
+
+
+def test_a_stage_carries_its_kinds_typed_value():
+    """A stage's options are parsed once, at the edge, by its kind's own parser (`parse_arg`): its
+    builder reads the typed `value`, never the text (issue #68 item 5)."""
+    (truncated,) = parse_drafter_spec("truncated:6;vocab=100")
+    assert truncated.value[0] == 6 and truncated.value[1] is not None
+    assert parse_drafter_spec("ngram:4:2")[0].value == (4, 2)
+    assert parse_drafter_spec("suffix:none;cache=0;depth=5")[0].value == ("none", {"cache": 0, "depth": 5})
+    assert parse_drafter_spec("quant:int4")[0].value[0].mode == "int4"
+    (cascade,) = parse_drafter_spec("csd:ngram:2>mag;k=3,1")
+    assert [level.kind for level in cascade.value.levels] == ["ngram", "mag"]
+    assert cascade.value.levels[0].value == (2, 1)  # a level is a typed stage too
+    assert DrafterSpec.of("ngram", "5") == DrafterSpec("ngram", "5") and DrafterSpec.of("ngram", "5").value == (5, 1)
+    with pytest.raises(QuickdraftError, match="ngram"):
+        DrafterSpec.of("ngram", "x")
 
 
 def test_a_self_draft_head_restricted_to_k_ids(tmp_path):

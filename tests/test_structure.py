@@ -183,6 +183,37 @@ def runtime_switches(root: Path) -> list[str]:
     )
 
 
+_KIND_TEST = re.compile(r"\.kind\s*(?:==|!=)\s*\"(\w+)\"|\.kind\s+(?:not\s+)?in\s*\(([^)]*)\)")
+
+
+def kind_switches(root: Path, own: dict[str, str]) -> list[str]:
+    """`file: kind` for each drafter kind name compared outside the kind's own file (`own`: kind ->
+    its file under root), and each builder reading a stage's text (`spec.arg`) instead of its value."""
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        rel, text = str(p.relative_to(root)), p.read_text()
+        for m in _KIND_TEST.finditer(text):
+            names = [m.group(1)] if m.group(1) else re.findall(r"\"(\w+)\"", m.group(2))
+            found += [f"{rel}: {n}" for n in names if n in own and own[n] != rel]
+        found += [f"{rel}: spec.arg"] * ("spec.arg" in text)
+    return found
+
+
+def test_a_drafter_kind_is_named_in_its_own_file_only():
+    """No kind name outside its own file and the registry; builders receive values, not strings."""
+    from quickdraft.drafters.kinds import KINDS
+
+    own = {name: str(Path(sys.modules[k.build.__module__].__file__).relative_to(SRC)) for name, k in KINDS.items()}
+    assert kind_switches(SRC, own) == []
+
+
+def test_a_kind_switch_is_found(tmp_path):  # negative control
+    (tmp_path / "cli.py").write_text('if stage.kind == "truncated":\n    x = s.kind in ("model", "csd")\n')
+    (tmp_path / "m.py").write_text('if stage.kind == "truncated":\n    n = int(spec.arg)\n')
+    own = {"truncated": "m.py", "model": "m.py", "csd": "c.py"}
+    assert kind_switches(tmp_path, own) == ["cli.py: truncated", "cli.py: model", "cli.py: csd", "m.py: spec.arg"]
+
+
 def test_runtimes_are_chosen_in_one_place():
     """A third backend edits runtime/choose.py only: nowhere else compares a runtime's name or
     checks a concrete cache owner's class (capabilities are declared on the Target protocol)."""

@@ -199,24 +199,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from quickdraft.drafters.kinds import KINDS
     from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
     from quickdraft.weights.default import default_model_dir, ensure_default_model
 
     target_dir = args.target or str(default_model_dir())
     stages = parse_drafter_spec(args.drafter)
-    if stages[0].kind == "truncated" and len(stages) == 1:
-        from quickdraft.weights.loading import load_model, truncated_copy
-
-        if args.draft_out is None:
-            raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
-        target = load_model(args.target, "bfloat16")
-        from quickdraft.drafters.model_drafter import parse_truncated
-
-        draft = truncated_copy(target, parse_truncated(stages[0].arg))  # vLLM keeps the whole head
-        draft.model.save_pretrained(args.draft_out)
-        if draft.tokenizer is not None:
-            draft.tokenizer.save_pretrained(args.draft_out)
+    save = KINDS[stages[0].kind].save_draft if len(stages) == 1 else None
+    if save is not None:  # a copied draft (truncated:N) is saved where vLLM will load it
+        save(stages[0], args.target, args.draft_out)
     elif args.target is None:
         ensure_default_model()
     config = vllm_speculative_config(stages, args.draft_length, args.draft_out)

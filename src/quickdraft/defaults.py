@@ -120,5 +120,5 @@ def resolve_drafter(config, target: LoadedModel, native_target, build: bool, cac
         config = dataclasses.replace(config, drafter=choice.value)
     if cache and config.drafter_stages:
         stages = with_suffix_cache(config.drafter_stages, cache)
-        config = dataclasses.replace(config, drafter="+".join(map(str, stages)))
+        config = config.with_stages(stages)
     return config

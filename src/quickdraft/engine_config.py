@@ -5,6 +5,7 @@ once when built (the drafter and quantize specs parsed here, at the edge, into v
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from quickdraft.config import DTYPES, DraftConfig, SamplingConfig, StopConfig
@@ -83,6 +84,14 @@ class EngineConfig:
         object.__setattr__(self, "quant", quant)
         if quant.active and forces_reference(self.runtime):
             raise QuickdraftError(f"--quantize {quant} needs the native runtime (not --runtime hf)")
+
+    def with_stages(self, stages: tuple[DrafterSpec, ...]) -> EngineConfig:
+        """This config drafting with parsed `stages` (their typed values kept, not parsed again from
+        text); `drafter` is their text, for the statistics and the logs."""
+        new = dataclasses.replace(self, drafter=AUTO)
+        object.__setattr__(new, "drafter", "+".join(map(str, stages)))
+        object.__setattr__(new, "drafter_stages", tuple(stages))
+        return new
 
 
 @dataclass(frozen=True)

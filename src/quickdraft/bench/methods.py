@@ -203,7 +203,7 @@ class HFAssisted:
         if schedule not in ("constant", "heuristic"):
             raise QuickdraftError(f"{spec.text}: hf-assisted schedule is constant or heuristic")
         stages = parse_drafter_spec(drafter)
-        if len(stages) == 1 and stages[0].kind == "ngram":
+        if len(stages) == 1 and KINDS[stages[0].kind].hf_prompt_lookup:
             self.kwargs["prompt_lookup_num_tokens"] = k
         else:
             if len(stages) > 1 or not KINDS[stages[0].kind].hf_model:

@@ -23,6 +23,7 @@ from quickdraft.drafters import (
     model_drafter,
     ngram,
     suffix,
+    truncated,
 )
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.fallback import FallbackDrafter
@@ -35,7 +36,7 @@ from quickdraft.weights.loading import LoadedModel
 register(
     ngram.KIND,
     model_drafter.MODEL,
-    model_drafter.TRUNCATED,
+    truncated.KIND,
     distilled.KIND,
     feature_head.KIND,
     kangaroo.KIND,

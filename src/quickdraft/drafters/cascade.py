@@ -196,7 +196,7 @@ class CascadeDrafter(ComposedReads):
 
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> CascadeDrafter:
-    cascade = parse_cascade(spec.arg)
+    cascade = spec.value
     levels = [KINDS[level.kind].build(level, target, stage_dtype(level, dtype), runtime) for level in cascade.levels]
     return CascadeDrafter(levels, cascade.k, cascade.lenience, name=str(spec))
 
@@ -206,6 +206,7 @@ KIND = DrafterKind(
     usage="csd[:LEVELS[;k=ROWS][;l=L]]",
     summary="a CS Drafting cascade over any of these, levels joined by '>' (default distilled>mag)",
     build=_build,
-    check_arg=parse_cascade,
+    parse_arg=parse_cascade,
+    takes_dtype=True,
     has_model=False,
 )

@@ -31,7 +31,7 @@ def parse_distilled(arg: str | None):
 
 
 def _build(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
-    path, quant, window = parse_distilled(spec.arg)
+    path, quant, window = spec.value
     folder = shipped_delta_dir(target) if path is None else Path(path).expanduser()
     draft = load_delta(target, folder, own_dtype(dtype, target))  # a truncated copy (no GGUF): unquantized
     drafter = native_drafter(draft, target, str(spec), runtime, quant, window)
@@ -46,7 +46,7 @@ KIND = DrafterKind(
     summary="a DistillSpec delta (without PATH the one shipped for the default target; a delta for a draft "
     "model, e.g. the 0.5B toward the Qwen 1.5B, drafts on its fast path)",
     build=_build,
-    check_arg=parse_distilled,
+    parse_arg=parse_distilled,
     drafts_trees=True,
     can_review=True,
     hf_model=True,

@@ -14,7 +14,7 @@ Adding a drafter kind is one new file with its class and its record, one line in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
@@ -25,19 +25,29 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One parsed stage: kind, its argument (None when absent) and its own dtype (None: inherit)."""
+    """One parsed stage: kind, its argument as written (None when absent), its own dtype (None:
+    inherit) and `value`, the argument as its kind's parser typed it (`DrafterKind.parse_arg`: a path,
+    sizes, a QuantSpec, (path, {option: value}), ...), which the kind's builder reads. Made by the
+    spec parser (`drafters/spec.py`) or `DrafterSpec.of`; stages compare by their text."""
 
     kind: str
     arg: str | None = None
     dtype: str | None = None
+    value: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, kind: str, arg: str | None = None, dtype: str | None = None) -> DrafterSpec:
+        """A stage of a registered kind, its argument parsed (and so checked) by the kind's own parser."""
+        return cls(kind, arg, dtype, kind_of(kind).parse_arg(arg))
 
     def __str__(self) -> str:
         text = self.kind + (f":{self.arg}" if self.arg is not None else "")
         return text + (f"@{self.dtype}" if self.dtype else "")
 
 
-def no_arg_check(arg: str | None) -> None:
-    """The argument check of a kind whose argument is an optional path (checked when it loads)."""
+def optional_path(arg: str | None) -> str | None:
+    """The argument of a kind whose argument is an optional path (checked when it loads): as written."""
+    return arg
 
 
 # (parsed stage, target LoadedModel, dtype the draft runs in ("" = the target's), runtime) -> Drafter
@@ -55,14 +65,19 @@ class DrafterKind:
         usage: its syntax, e.g. "ngram[:N[:M]]".
         summary: one line for the `--drafter` help.
         build: its builder (`Builder`).
-        check_arg: validates the argument at parse time (raises QuickdraftError), before any model loads.
+        parse_arg: the argument's parser (one line a bad argument: QuickdraftError), run once when the
+            spec is parsed, before any model loads; what it returns is the stage's `value`.
         has_model: it runs a model (takes "@DTYPE"; its steps cost a forward).
+        takes_dtype: an independent draft model (or a kind that hands the dtype to its model stages):
+            it runs in the engine's dtype unless "@DTYPE" says otherwise; a copied draft keeps the
+            target's.
         reads_target: which of the target's states it reads: "" none, "features" (the final-normed
             rows the LM head reads), "layer l" (the state entering the exit layer l). Such a kind
             needs the native runtime and cannot run under PEARL.
         drafts_trees: it drafts token trees, not only paths.
         can_review: it can review lower levels in a CS Drafting cascade (`review`).
         hf_model: it is a whole causal LM that transformers' assisted generation can run.
+        hf_prompt_lookup: transformers' assisted generation has it as its own prompt lookup.
         module: its trainable module class (`models/draft_heads.py`), trained by `train-draft`.
         from_module: (module, lm, eta, name) -> the drafter running a trained module (training's
             decode evaluation).
@@ -70,24 +85,29 @@ class DrafterKind:
         trained_by: the command that trains or builds what it loads ("" = nothing to train).
         asset: the folder under `assets/` where its module or table ships for the default target.
         export: its vLLM `speculative_config` mapping (None: no vLLM equivalent).
+        save_draft: (stage, target folder or None, out folder or None) -> saves the draft vLLM is to
+            load (a copied draft that exists in no folder yet), before `export` maps it.
     """
 
     name: str
     usage: str
     summary: str
     build: Builder
-    check_arg: Callable[[str | None], object] = no_arg_check
+    parse_arg: Callable[[str | None], object] = optional_path
     has_model: bool = True
+    takes_dtype: bool = False
     reads_target: str = ""
     drafts_trees: bool = False
     can_review: bool = False
     hf_model: bool = False
+    hf_prompt_lookup: bool = False
     module: type | None = None
     from_module: Callable | None = None
     decode_length: int = 4
     trained_by: str = ""
     asset: str = ""
     export: Exporter | None = None
+    save_draft: Callable[[DrafterSpec, str | None, str | None], None] | None = None
 
 
 KINDS: dict[str, DrafterKind] = {}
@@ -105,7 +125,7 @@ def stage_dtype(stage: DrafterSpec, dtype: str) -> str:
     """The dtype a stage's draft runs in: its own "@DTYPE", else the engine's for an independent
     draft model (and for a cascade or a mixed tree, which hand it to their model stages), else "" (a
     copied draft keeps the target's)."""
-    return stage.dtype or (dtype if stage.kind in ("model", "csd", "mix") else "")
+    return stage.dtype or (dtype if kind_of(stage.kind).takes_dtype else "")
 
 
 def kind_of(name: str) -> DrafterKind:

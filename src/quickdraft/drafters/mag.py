@@ -99,8 +99,8 @@ class MaGDrafter(Drafter):
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MaGDrafter:
     """MaG with the bigram table at PATH, else the one shipped for the target (none: lookup only)."""
-    if spec.arg is not None:
-        return MaGDrafter(load_bigram(Path(spec.arg).expanduser(), target.vocab_size), name=str(spec))
+    if spec.value is not None:
+        return MaGDrafter(load_bigram(Path(spec.value).expanduser(), target.vocab_size), name=str(spec))
     shipped = shipped_bigram(target)
     return MaGDrafter(None if shipped is None else load_bigram(shipped, target.vocab_size), name=str(spec))
 

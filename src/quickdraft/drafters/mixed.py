@@ -107,9 +107,9 @@ class MixedTreeDrafter(ComposedReads):
 
 def _build(spec: DrafterSpec, target, dtype: str, runtime: str) -> MixedTreeDrafter:
     """The shipped suffix datastore's drafter and the model stage (default the feature head) in one tree."""
-    stage = parse_mix(spec.arg)
+    stage = spec.value
     model = KINDS[stage.kind].build(stage, target, stage_dtype(stage, dtype), runtime)
-    return MixedTreeDrafter(build_suffix(DrafterSpec("suffix"), target), model, name=str(spec))
+    return MixedTreeDrafter(build_suffix(DrafterSpec.of("suffix"), target), model, name=str(spec))
 
 
 KIND = DrafterKind(
@@ -117,7 +117,8 @@ KIND = DrafterKind(
     usage="mix[:STAGE]",
     summary="suffix branches and a model drafter's in one tree (default STAGE: the feature head)",
     build=_build,
-    check_arg=parse_mix,
+    parse_arg=parse_mix,
+    takes_dtype=True,
     has_model=False,
     drafts_trees=True,
 )

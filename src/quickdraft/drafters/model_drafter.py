@@ -1,7 +1,7 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
 (`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder,
-a GGUF file or a named model such as `qwen2.5-coder-0.5b`, in its fast form by default: drafters/fast_form.py), the
-target's first N layers (`truncated:N`) and the target's own weights quantized (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`);
+a GGUF file or a named model such as `qwen2.5-coder-0.5b`, in its fast form by default: drafters/fast_form.py), and the
+target's own weights quantized (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`);
 a DistillSpec delta (`distilled[:PATH]`) is in `drafters/distilled.py`.
 
 Drafting calls the model's forward directly through a CachedModel, one token per step with the LM
@@ -21,7 +21,6 @@ from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
 from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.spec import int_arg
 from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
 from quickdraft.drafters.window import ContextWindow, parse_window
@@ -29,20 +28,21 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
-from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype, truncated_copy
+from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype
 
 
 def parse_quant(arg: str | None):
-    """`quant[:MODE[;vocab=K]]`: the target's own weights quantized (MODE as `--quantize`, default
-    w4a8: its step is 0.375 of a bf16 target step on an AMD EPYC, where int4's and gguf's weight-only
-    kernels take 0.8; docs/bench/draft-costs), its head restricted to K ids (drafters/vocab.py)."""
+    """`quant[:MODE[;vocab=K]]` -> (QuantSpec, K or None): the target's own weights quantized (MODE as
+    `--quantize`, default w4a8: its step is 0.375 of a bf16 target step on an AMD EPYC, where int4's and
+    gguf's weight-only kernels take 0.8; docs/bench/draft-costs), its head restricted to K ids
+    (drafters/vocab.py)."""
     from quickdraft.weights.quant import parse_quantize
 
-    mode, _ = split_vocab("quant", arg)
+    mode, vocab = split_vocab("quant", arg)
     spec = parse_quantize(mode or "w4a8")
     if not spec.active:
         raise QuickdraftError("drafter 'quant:none' would be the target itself: choose w4a8, int4, int8, w8a8 or gguf")
-    return spec
+    return spec, vocab
 
 
 class ModelDrafter(Drafter):
@@ -187,7 +187,7 @@ PMIN = (8, 0.7)
 
 def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """An independent draft model; quantized (its GGUF's own blocks under w4a8) on the native runtime."""
-    path, given = parse_model(spec.arg)
+    path, given = spec.value
     draft = shared_draft(path, dtype)
     form = resolve(given, fast_form(draft.model, target.vocab_size, runtime, target.model.device.type), UNSET)
     draft.head_ids = restricted_head(target, form.vocab)
@@ -216,17 +216,6 @@ def native_drafter(
     return ModelDrafter(model, name=name, weights=quantized, window=window)
 
 
-def parse_truncated(arg: str | None) -> int:
-    """`truncated:N[;vocab=K]`: the target's first N layers (its head restricted to K ids)."""
-    return int_arg("truncated", split_vocab("truncated", arg)[0])
-
-
-def _truncated(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
-    draft = truncated_copy(target, parse_truncated(spec.arg), own_dtype(dtype, target))
-    draft.head_ids = restricted_head(target, split_vocab("truncated", spec.arg)[1])
-    return model_drafter(draft, target, str(spec), runtime)
-
-
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """The target's own weights quantized (w4a8 by default), run natively with its own cache; in the
     target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
@@ -239,25 +228,16 @@ def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     own = torch.float32 if own == torch.float64 and not spec.dtype else own
     check_dtype(own, f"drafter {spec}")
     model = target.model if own == target.model.dtype else copy.deepcopy(target.model).to(own)
-    quantized = quantize_model(target, parse_quant(spec.arg), own)
-    head = restricted_head(target, split_vocab("quant", spec.arg)[1])
+    mode, vocab = spec.value
+    quantized = quantize_model(target, mode, own)
+    head = restricted_head(target, vocab)
     return ModelDrafter(cached_model(model, target.vocab_size, head, "native", quantized.linears), str(spec), quantized)
 
 
 def _export_model(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
     return {
         "method": "draft_model",
-        "model": str(Path(parse_model(spec.arg)[0]).expanduser().resolve()),
-        "num_speculative_tokens": num_draft_tokens,
-    }
-
-
-def _export_truncated(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
-    if draft_dir is None:
-        raise QuickdraftError("a truncated draft must be saved for vLLM: add --draft-out DIR")
-    return {
-        "method": "draft_model",
-        "model": str(Path(draft_dir).resolve()),
+        "model": str(Path(spec.value[0]).expanduser().resolve()),
         "num_speculative_tokens": num_draft_tokens,
     }
 
@@ -269,29 +249,19 @@ MODEL = DrafterKind(
     "one, e.g. qwen2.5-coder-0.5b), in its fast form unless an option says otherwise: w4a8-all, a head of the "
     "32k most frequent ids, a 256-token prompt window",
     build=_model,
-    check_arg=parse_model,
+    parse_arg=parse_model,
+    takes_dtype=True,
     drafts_trees=True,
     can_review=True,
     hf_model=True,
     export=_export_model,
-)
-TRUNCATED = DrafterKind(
-    name="truncated",
-    usage="truncated:N[;vocab=K]",
-    summary="the target's first N layers, its norm and LM head (;vocab=K: the head's K most frequent ids)",
-    build=_truncated,
-    check_arg=parse_truncated,
-    drafts_trees=True,
-    can_review=True,
-    hf_model=True,
-    export=_export_truncated,
 )
 QUANT = DrafterKind(
     name="quant",
     usage="quant[:w4a8|int4[:G]|int8|w8a8|gguf[;vocab=K]]",
     summary="the target's own weights quantized, a self-draft with its own cache (;vocab=K: a K-id head)",
     build=_quant,
-    check_arg=parse_quant,
+    parse_arg=parse_quant,
     drafts_trees=True,
     can_review=True,
 )

@@ -80,14 +80,14 @@ class PromptLookupDrafter(Drafter):
         return draft_path(prompt_lookup(context, request.budget, self.max_ngram, self.min_ngram))
 
 
-def ngram_drafter(arg: str | None) -> PromptLookupDrafter:
-    """The prompt-lookup drafter for the "N" or "N:M" after "ngram:" (longest, shortest n-gram)."""
-    longest, shortest = ngram_sizes(arg)
+def ngram_drafter(sizes: str | None | tuple[int, int]) -> PromptLookupDrafter:
+    """The prompt-lookup drafter for the "N" or "N:M" after "ngram:", or its (longest, shortest) n-gram."""
+    longest, shortest = sizes if isinstance(sizes, tuple) else ngram_sizes(sizes)
     return PromptLookupDrafter(max_ngram=longest, min_ngram=shortest)
 
 
 def _export(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
-    longest, shortest = ngram_sizes(spec.arg)
+    longest, shortest = spec.value
     return {
         "method": "ngram",
         "num_speculative_tokens": num_draft_tokens,
@@ -100,8 +100,9 @@ KIND = DrafterKind(
     name="ngram",
     usage="ngram[:N[:M]]",
     summary="prompt lookup, longest N and shortest M n-gram (default 3 and 1)",
-    build=lambda spec, target, dtype, runtime: ngram_drafter(spec.arg),
-    check_arg=ngram_sizes,
+    build=lambda spec, target, dtype, runtime: ngram_drafter(spec.value),
+    parse_arg=ngram_sizes,
+    hf_prompt_lookup=True,
     has_model=False,
     drafts_trees=True,
     export=_export,

@@ -74,7 +74,7 @@ def reusing_builder(module_type: type, make: Callable) -> Callable:
     def build(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str):
         kind = spec.kind
         _check_runtime(kind, target, runtime)
-        folder = shipped_head_dir(kind, target) if spec.arg is None else Path(spec.arg).expanduser()
+        folder = shipped_head_dir(kind, target) if spec.value is None else Path(spec.value).expanduser()
         own = resolve_dtype(dtype) if dtype else target.model.dtype
         module, head_ids, meta = load_draft_head(folder, module_type, target.model, own)
         embed = target.model.get_input_embeddings().weight.detach()

@@ -33,19 +33,20 @@ def int_arg(kind: str, arg: str | None, default: int | None = None, lo: int = 1)
     return value
 
 
-def required_path(kind: str) -> Callable[[str | None], None]:
-    """The argument check of a kind that needs a path."""
+def required_path(kind: str) -> Callable[[str | None], str]:
+    """The argument parser of a kind that needs a path: the path as written."""
 
-    def check(arg: str | None) -> None:
+    def check(arg: str | None) -> str:
         if not arg:
             raise QuickdraftError(f"drafter {kind!r} needs a path: {kind}:PATH")
+        return arg
 
     return check
 
 
 def parse_stage(text: str, whole: str) -> DrafterSpec:
     """One stage `kind[:arg][@DTYPE]` of the spec `whole` (named in errors), its argument checked by
-    its kind's own parser (`DrafterKind.check_arg`, declared beside the kind)."""
+    its kind's own parser (`DrafterKind.parse_arg`, declared beside the kind): the stage's `value`."""
     body, at, dtype = text.rpartition("@") if "@" in text else (text, "", "")
     if at and dtype not in DTYPES:
         raise QuickdraftError(
@@ -58,8 +59,7 @@ def parse_stage(text: str, whole: str) -> DrafterSpec:
     if at and not syntax.has_model:
         raise QuickdraftError(f"the {kind} drafter has no dtype: drop the '@...' suffix")
     arg_or_none = arg if colon and arg else None
-    syntax.check_arg(arg_or_none)
-    return DrafterSpec(kind, arg_or_none, dtype or None)
+    return DrafterSpec(kind, arg_or_none, dtype or None, syntax.parse_arg(arg_or_none))
 
 
 def parse_drafter_spec(text: str) -> tuple[DrafterSpec, ...]:

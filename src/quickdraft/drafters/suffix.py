@@ -69,8 +69,8 @@ def with_suffix_cache(stages: tuple[DrafterSpec, ...], tokens: int) -> tuple[Dra
     """Parsed drafter `stages` with `cache=tokens` added to their suffix stages that set no cache (the
     server's default: drafting from earlier requests' outputs too)."""
     return tuple(
-        DrafterSpec("suffix", f"{s.arg or ''};cache={tokens}", s.dtype)
-        if s.kind == "suffix" and "cache" not in parse_suffix(s.arg)[1]
+        DrafterSpec.of("suffix", f"{s.arg or ''};cache={tokens}", s.dtype)
+        if s.kind == "suffix" and "cache" not in s.value[1]
         else s
         for s in stages
     )
@@ -203,7 +203,7 @@ class SuffixDrafter(Drafter):
 def build_suffix(spec: DrafterSpec, target, dtype: str = "", runtime: str = "auto") -> SuffixDrafter:
     """Suffix trees over the datastore at PATH, else the one shipped for the target (none: the
     request's own text only; `suffix:none` asks for that)."""
-    path, options = parse_suffix(spec.arg)
+    path, options = spec.value
     folder = shipped_datastore(target) if path is None else (None if path == "none" else Path(path).expanduser())
     if path is None and folder is None:
         print(
@@ -218,7 +218,7 @@ def build_suffix(spec: DrafterSpec, target, dtype: str = "", runtime: str = "aut
 def _export(spec: DrafterSpec, num_draft_tokens: int, draft_dir: str | None) -> dict:
     """vLLM's SuffixDecoding: its global tree grows from the requests it serves, so our offline
     datastore has no equivalent there and is not exported."""
-    options = parse_suffix(spec.arg)[1]
+    options = spec.value[1]
     return {
         "method": "suffix",
         "num_speculative_tokens": num_draft_tokens,
@@ -231,7 +231,7 @@ KIND = DrafterKind(
     usage="suffix[:PATH][;cache=N][;match=M][;depth=D]",
     summary="model-free suffix-match trees over the request's text and a datastore of the target's own text",
     build=build_suffix,
-    check_arg=parse_suffix,
+    parse_arg=parse_suffix,
     has_model=False,
     drafts_trees=True,
     trained_by="build-datastore",
