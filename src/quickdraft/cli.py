@@ -47,6 +47,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub, _add_model_flags)
 
+    from quickdraft.bench.kernels_cli import add_kernels_parser
+
+    add_kernels_parser(sub)
+
     from quickdraft.training.cli import add_distill_parsers
 
     add_distill_parsers(sub, _add_model_flags)
