@@ -59,7 +59,7 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
     types: dict[str, int] = {}
     stored = (q8, q4) == ("w8a8", "w4a8")
     tensors = list(linear_tensors(path, config))
-    missing = formats.unsupported(t.tensor_type.name for _, _, t in tensors) if stored else []
+    missing = formats.unsupported([t.tensor_type.name for _, _, t in tensors]) if stored else []
     if missing:
         raise QuickdraftError(
             f"{path.name}: GGUF type {', '.join(missing)} has no kernel here to run as stored "
