@@ -184,6 +184,7 @@ GROUPS: dict[str, list[Step]] = {
         ),
         Step("quickdraft bench compare out/ --method sd:drafter=ngram"),
         Step("quickdraft bench doc out/ --output docs/benchmarks.md"),
+        Step("quickdraft kernels --out kernels-here", "--forms bf16,Q4_K --rows 1,3 --shape 32x256 --rounds 1"),
     ],
     "train-draft": [
         _tiny(
