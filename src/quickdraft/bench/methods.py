@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.bench.ik_llama_cpp import IkLlamaCppMethod
 from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
 from quickdraft.bench.llama_cpp import LlamaCppMethod
 from quickdraft.bench.llama_spec import SPEC_KEYS, LlamaSpecMethod
@@ -36,6 +37,7 @@ PEERS = {
     "hf-ar": (),
     "hf-assisted": ("drafter", "draft_length", "schedule"),
     "llama-cpp": (*LLAMA_CPP_KEYS, *SPEC_KEYS),
+    "ik-llama-cpp": (),
 }
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 SAMPLING = ("temperature", "top_k", "top_p")  # per-request keys our methods take (`sd:temperature=0.8`)
@@ -254,7 +256,12 @@ def _llama_cpp(spec: MethodSpec, *args):
     return LlamaSpecMethod(spec, *args)
 
 
-PEER_CLASSES = {"hf-ar": HFAssisted, "hf-assisted": HFAssisted, "llama-cpp": _llama_cpp}
+PEER_CLASSES = {
+    "hf-ar": HFAssisted,
+    "hf-assisted": HFAssisted,
+    "llama-cpp": _llama_cpp,
+    "ik-llama-cpp": IkLlamaCppMethod,
+}
 
 
 def build_method(spec: MethodSpec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none"):

@@ -37,6 +37,11 @@ def describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+class PeerSkipped(PeerCrashed):
+    """A peer that cannot run here (its optional package missing, its build refusing the model): the
+    bench skips it with one line, as it does a crashed one."""
+
+
 CHILD_PEAKS: dict[str, int] = {}  # peer name -> the largest peak RSS (KiB) one of its processes reached
 
 

@@ -3,15 +3,17 @@ every other weight form they use (what "lossless" compares each method with)."""
 
 from __future__ import annotations
 
-from quickdraft.bench.methods import PEER_CLASSES, MethodSpec, parse_methods
+from quickdraft.bench.methods import PEER_CLASSES, PEERS, MethodSpec, parse_methods
 from quickdraft.errors import QuickdraftError
+
+GGUF_PEERS = ("llama-cpp", "ik-llama-cpp")  # peers that decode the target's GGUF (their own weights)
 
 
 def _weights(spec: MethodSpec, default: str) -> str:
     """The weights a method runs on: its own quantize key, else the bench's; transformers' peers: the
     loaded weights; llama.cpp: its GGUF ("llama-cpp:gguf") or a requantized copy ("llama-cpp:q4_0")."""
-    if spec.name == "llama-cpp":
-        return f"llama-cpp:{spec.get('quantize', 'gguf')}"
+    if spec.name in GGUF_PEERS:
+        return f"{spec.name}:{spec.get('quantize', 'gguf')}"
     return "none" if spec.name in PEER_CLASSES else spec.get("quantize", default)
 
 
@@ -28,12 +30,13 @@ def _is_plain(spec: MethodSpec) -> bool:
     lookup or draft."""
     if spec.name == "ar":
         return not _sampled(spec)
-    return spec.name == "llama-cpp" and spec.get("lookup") is None and spec.get("draft") is None
+    return spec.name in GGUF_PEERS and spec.get("lookup") is None and spec.get("draft") is None
 
 
 def _plain_for(weights: str) -> MethodSpec:
-    if weights.startswith("llama-cpp:"):
-        return MethodSpec("llama-cpp", (("quantize", weights.split(":", 1)[1]),))
+    name, _, quant = weights.partition(":")
+    if name in GGUF_PEERS:
+        return MethodSpec(name, (("quantize", quant),) if "quantize" in PEERS[name] else ())
     return MethodSpec("ar", (("quantize", weights),))
 
 

@@ -1,0 +1,77 @@
+"""The ik_llama.cpp peer's child process: ik-llama-cpp-python (module `ik_llama_cpp`) loaded here, never in
+the bench's process (a build that dies on this host ends this process only: `bench/peer_process.py`).
+
+Run by path, it imports the standard library and ik_llama_cpp only. The protocol is llama_cpp_worker's
+(one JSON request a line on stdin, one reply a line on the original stdout):
+- {"op": "load", "model", "n_ctx", "threads"}: the model; replies its build's system info;
+- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids; replies
+  the tokens (ended by the EOS id it stopped at, as our methods' are), the seconds (prefill included)
+  and the forwards (one a token);
+- {"op": "close"}: exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class Peer:
+    def __init__(self) -> None:
+        self.llm = None
+
+    def load(self, model: str, n_ctx: int, threads: int) -> dict:
+        import ctypes
+
+        import ik_llama_cpp
+
+        self.llm = ik_llama_cpp.IkLlama(model, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, verbose=False)
+        try:  # the build's instruction sets, as llama.cpp prints them
+            from ik_llama_cpp import _ctypes_api
+
+            lib = next(v for v in vars(_ctypes_api).values() if isinstance(v, ctypes.CDLL))
+            lib.llama_print_system_info.restype = ctypes.c_char_p
+            info = lib.llama_print_system_info().decode()
+        except Exception:  # an older binding: the run goes on without it
+            info = "ik_llama.cpp (system info not exposed)"
+        return {"ok": True, "system_info": info}
+
+    def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
+        start = time.perf_counter()
+        out = [int(t) for t in self.llm.generate(list(prompt), max_tokens=max_new_tokens, temperature=0.0)]
+        wall = time.perf_counter() - start
+        if len(out) < max_new_tokens:  # it stopped at an end-of-generation token, which it does not return
+            try:
+                out.append(int(self.llm._context.sample(-1, temperature=0.0, top_k=40, top_p=0.95)))
+            except Exception:
+                out.append(eos[0])
+        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out)}
+
+
+def serve(requests, replies) -> None:
+    peer = Peer()
+    for line in requests:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "close":
+            break
+        try:
+            reply = getattr(peer, op)(**request)
+        except Exception as exc:  # a Python-level failure: reported, the process lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder must not shadow packages
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything the library prints goes to stderr
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()

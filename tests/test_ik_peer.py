@@ -1,0 +1,68 @@
+"""ik_llama.cpp as a bench peer (issue #69 item 4): plain decoding of the target's GGUF in a child
+process; an optional extra whose absence (or a build that refuses the model) is a one-line skip in the
+report, never a crash; its own plain decoding is its lossless reference, as llama.cpp's is."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from quickdraft import QuickdraftError
+from quickdraft.bench.methods import build_method, parse_methods
+from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+
+PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."
+
+
+def test_it_is_plain_decoding_of_its_own_weights():
+    specs = _methods_with_ar("sd,ik-llama-cpp")
+    assert [s.text for s in specs] == ["ar", "sd", "ik-llama-cpp"]  # its own plain reference: itself
+    with pytest.raises(QuickdraftError, match="no option 'lookup'"):
+        parse_methods("ik-llama-cpp:lookup=2")
+
+
+def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ik_llama_cpp" else real(name, *a)
+    )
+    with pytest.raises(PeerSkipped, match=r'skipped: .*pip install -e "\.\[ik\]"') as exc:
+        build_method(parse_methods("ik-llama-cpp")[0], tiny_target, "float32")
+    assert "\n" not in str(exc.value)
+
+
+def test_the_bench_goes_on_without_it(monkeypatch, tmp_path):
+    """A run asking for ik-llama-cpp where it is not installed: the other methods run, the report
+    names the skip in one line."""
+    from quickdraft.weights.loading import load_model
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ik_llama_cpp" else real(name, *a)
+    )
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
+    config = BenchConfig(methods="ar,ik-llama-cpp", prompts=str(prompts), max_new_tokens=4, runs=1)
+    config.out = str(tmp_path / "out")
+    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    assert "ar" in summary["methods"] and "ik-llama-cpp" not in summary["methods"]
+    assert "not installed" in summary["failed"]["ik-llama-cpp"]
+
+
+@pytest.mark.slow
+def test_it_decodes_the_embedded_default_where_installed(tmp_path):
+    pytest.importorskip("ik_llama_cpp", reason='the ik extra is not installed (pip install -e ".[ik]")')
+    from quickdraft.weights.loading import load_model
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
+    config = BenchConfig(methods="ar,ik-llama-cpp", prompts=str(prompts), max_new_tokens=16, runs=1)
+    config.out = str(tmp_path / "out")
+    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    peer = summary["methods"]["ik-llama-cpp"]
+    assert peer["quantize"] == "ik-llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
+    assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["tokens_per_s"] > 0
+    assert summary["peer_builds"]["ik-llama-cpp"]  # the build's instruction sets are named
