@@ -66,3 +66,17 @@ def test_it_decodes_the_embedded_default_where_installed(tmp_path):
     assert peer["quantize"] == "ik-llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
     assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["tokens_per_s"] > 0
     assert summary["peer_builds"]["ik-llama-cpp"]  # the build's instruction sets are named
+
+
+def test_the_install_script_adds_the_sdists_missing_build_script(tmp_path):
+    import importlib.util as iu
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "install_ik_llama_cpp.py"
+    spec = iu.spec_from_file_location("install_ik", path)
+    module = iu.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.patch(tmp_path) is True  # added
+    script = tmp_path / "vendor/ik_llama.cpp/common/cmake/build-info-gen-cpp.cmake"
+    assert "configure_file" in script.read_text() and "build-info.cpp.in" in script.read_text()
+    assert module.patch(tmp_path) is False  # already there: left as it is

@@ -3,10 +3,10 @@ ik-llama-cpp-python (module `ik_llama_cpp`, so it sits beside llama-cpp-python),
 are fed (the prompt ids, the budget, the threads; the prefill timed). It runs in a child process
 (`bench/ik_llama_cpp_worker.py`): a build that dies on this host fails this method with one line.
 
-Needs the optional extra `ik` (`pip install -e ".[ik]"`). Its PyPI wheel is built for AVX2; for this
-host's instruction sets build it from its sdist: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install
---no-binary ik-llama-cpp-python -e ".[ik]"` (about 10 minutes on 2 cores). The report's builds line
-shows which instruction sets the loaded build has.
+Needs the optional extra `ik` (`pip install -e ".[ik]"`). Its PyPI wheel is built for AVX2 and its sdist
+misses a build script; `python scripts/install_ik_llama_cpp.py` builds it for this host's instruction
+sets (about 10 minutes on 2 cores). The report's builds line shows which instruction sets the loaded
+build has.
 """
 
 from __future__ import annotations
