@@ -24,7 +24,13 @@ class Peer:
 
     def load(self, model: str, n_ctx: int, threads: int) -> dict:
         import ctypes
+        import importlib.util
 
+        # a build from the sdist leaves libllama.so without a path to the libggml.so beside it (the
+        # PyPI wheel bundles both): load that one first, globally, so the binding's load finds it
+        folder = os.path.join(os.path.dirname(importlib.util.find_spec("ik_llama_cpp").origin), "lib")
+        if os.path.exists(os.path.join(folder, "libggml.so")):
+            ctypes.CDLL(os.path.join(folder, "libggml.so"), mode=ctypes.RTLD_GLOBAL)
         import ik_llama_cpp
 
         self.llm = ik_llama_cpp.IkLlama(model, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, verbose=False)
