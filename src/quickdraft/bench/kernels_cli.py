@@ -87,6 +87,7 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
         command = "quickdraft kernels " + " ".join(sys.argv[2:])
         (folder / "report.md").write_text(f"# Linear kernels by width\n\n`{command}`\n\n{report}")
         (folder / "points.json").write_text(json.dumps(kernel_curve.as_json(points), indent=1) + "\n")
-        kernel_curve.plot(points, str(folder / "curve.png"), head[0].split(",")[0].removeprefix("host: "))
+        title = head[0].removeprefix("host: ").split(", torch")[0]
+        kernel_curve.plot(points, str(folder / "curve.png"), title)
         print(f"wrote {folder}/report.md, points.json, curve.png")
     return 0

@@ -6,13 +6,16 @@ may serve both the one-row step and a verify, or greedy speculation stops equall
 Forms: bf16 (torch's `F.linear`, our packed tile `fused`, oneDNN's packed matmul `onednn`, which takes
 AMX tiles, AVX-512 or AVX2 at run time) and a GGUF's blocks as stored times int8 rows on our tiles
 (Q8_0: w8a8, Q4_0: w4a8, Q4_K, Q6_K; no library kernel applies their per-block scales). The weights are
-random (the cost of a linear does not depend on its values); each (kernel, width) is timed in turn,
-`rounds` times over, keeping each one's best median, so a busy moment slows every width alike.
+random (the cost of a linear does not depend on its values), in enough copies that a call streams its
+weight from memory as a model's step does (`STREAM_BYTES` in all; one copy would sit in the last-level
+cache and run several times faster at one row); each (kernel, width) is timed in turn, `rounds` times
+over, keeping each one's best median, so a busy moment slows every width alike.
 `quickdraft kernels` prints it (with the host and the kernel level) and can plot it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -26,6 +29,7 @@ WIDTHS = (1, 2, 3, 5, 9, 13, 17, 25, 33)  # a one-row step, then verify widths (
 SHAPE = (8960, 1536)  # the Qwen2.5-Coder 1.5B's gate (or up) projection: (out, in)
 STORED = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")  # GGUF block types run as stored on our int8-row tiles
 FORMS = ("bf16", *STORED)
+STREAM_BYTES = 256 << 20  # each kernel's copies together: past any host's last-level cache
 _FP16_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # a block's fp16 scale fields
 
 
@@ -56,21 +60,41 @@ def random_blocks(name: str, shape: tuple[int, int], seed: int = 0) -> torch.Ten
     return torch.from_numpy(blocks.reshape(out, -1))
 
 
-def kernels_of(form: str, shape: tuple[int, int] = SHAPE) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """{kernel: call(x (rows, in) bf16) -> (rows, out)} of every kernel this host can run `form` on."""
+def copies_for(form: str, shape: tuple[int, int], stream_bytes: int = STREAM_BYTES) -> int:
+    """How many copies of a `form` weight of `shape` make `stream_bytes` (at least 1, at most 64)."""
+    from quickdraft.runtime import formats
+
+    if form == "bf16":
+        per = shape[0] * shape[1] * 2
+    else:
+        fmt = formats.FORMATS[form]
+        per = shape[0] * shape[1] // fmt.block_weights * fmt.block_bytes
+    return max(1, min(64, -(-stream_bytes // per)))
+
+
+def kernels_of(
+    form: str, shape: tuple[int, int] = SHAPE, copies: int = 1
+) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
+    """{kernel: [call(x (rows, in) bf16) -> (rows, out)] over `copies` weights} for every kernel this
+    host can run `form` on."""
     from quickdraft.runtime import formats
     from quickdraft.runtime.kernels import linear
 
     if form in STORED:
-        lin = formats.FORMATS[form].linear(random_blocks(form, shape))
-        return {"ours": lin}
-    w = torch.randn(shape, dtype=torch.bfloat16) * 0.02
-    calls = {"torch": lambda x: F.linear(x, w)}
+        return {"ours": [formats.FORMATS[form].linear(random_blocks(form, shape, seed=i)) for i in range(copies)]}
+    weights = [torch.randn(shape, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    calls = {"torch": [lambda x, w=w: F.linear(x, w) for w in weights]}
     for kind in linear.KINDS:
         if linear._available(kind):
-            packed = linear._pack(w, kind)
-            calls[kind] = lambda x, p=packed, k=kind: linear._packed_call(x, p, k, shape[0])
+            packed = [linear._pack(w, kind) for w in weights]
+            calls[kind] = [lambda x, p=p, k=kind: linear._packed_call(x, p, k, shape[0]) for p in packed]
     return calls
+
+
+def _cycling(calls: list[Callable]) -> Callable:
+    """One call a time through each copy in turn (a model's step reads each weight once)."""
+    turn = itertools.cycle(calls)
+    return lambda x: next(turn)(x)
 
 
 def _exact(call: Callable, x: torch.Tensor) -> bool:
@@ -88,22 +112,23 @@ def measure(
     points = []
     with torch.inference_mode():
         for form in forms:
-            calls = kernels_of(form, shape)
+            copies = kernels_of(form, shape, copies_for(form, shape))
+            calls = {kernel: _cycling(c) for kernel, c in copies.items()}
             xs = {k: torch.randn(k, shape[1], dtype=torch.bfloat16) for k in widths}
             best = {(kernel, k): float("inf") for kernel in calls for k in widths}
             for kernel, k in best:  # first calls pay one-off set-up (thread pools, oneDNN's primitives)
-                for _ in range(3):
-                    calls[kernel](xs[k])
+                for call in copies[kernel]:
+                    call(xs[k])
             for r in range(rounds):
                 for (kernel, k), t in best.items():
                     call, x = calls[kernel], xs[k]
                     best[kernel, k] = min(t, median_seconds(lambda c=call, x=x: c(x), repeats=7, warmup=2))
                 if progress:
                     progress(f"{form}: round {r + 1}/{rounds}")
-            for kernel, call in calls.items():
+            for kernel in calls:
                 one = best[kernel, widths[0]]
                 for k in widths:
-                    exact = k == 1 or _exact(call, xs[k])
+                    exact = k == 1 or _exact(copies[kernel][0], xs[k])
                     points.append(Point(form, kernel, k, 1e3 * best[kernel, k], best[kernel, k] / one, exact))
     return points
 
