@@ -139,10 +139,24 @@ def test_runner_end_to_end_with_peer(tiny_model_dir, prompt_file, tmp_path):
     for name, s in m.items():
         assert s["lossless_match_rate"] == 1.0, name  # float32 tiny model: exact
         assert set(s["categories"]) == {"x", "y"}
-    peer = m[f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3"]
+    peer_name = f"hf-assisted:drafter=model:{tiny_model_dir},draft_length=3"
+    peer = m[peer_name]
     assert peer["mean_accepted_tokens"] > 1.5  # HF really speculated (fewer target forwards than tokens)
     total, mismatches = find_mismatches(rows, "sd:drafter=ngram", None, "float32")
     assert total == 6 and mismatches == []
+    # the prompt's prefill is timed apart (issue #69 item 3): ours by its first round, peers where they can
+    assert all(r["prompt_tokens"] > 0 for r in rows)
+    assert m["ar"]["prefill_tokens_per_s"] > 0 and m["sd:drafter=ngram"]["prefill_tokens_per_s"] > 0
+    assert m[peer_name]["prefill_tokens_per_s"] is None  # transformers' generate() does not time it apart
+    assert "| prefill tokens/s |" in (out / "report.md").read_text()
+
+
+def test_the_prefill_rate_is_prompt_tokens_over_prefill_seconds():
+    from quickdraft.bench.metrics import prefill_rate
+
+    rows = [{"prompt_tokens": 100, "prefill_s": 0.5}, {"prompt_tokens": 50, "prefill_s": 0.25}, {"prompt_tokens": 9}]
+    assert prefill_rate(rows) == 200.0  # the row that did not time it is left out
+    assert prefill_rate([{"prompt_tokens": 9, "prefill_s": None}]) is None
 
 
 def test_compare_diagnoses_a_mismatch(tiny_model_dir):

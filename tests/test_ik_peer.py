@@ -65,7 +65,7 @@ def test_it_decodes_the_embedded_default_where_installed(tmp_path):
     summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
     peer = summary["methods"]["ik-llama-cpp"]
     assert peer["quantize"] == "ik-llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
-    assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["tokens_per_s"] > 0
+    assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["tokens_per_s"] > 0 and peer["prefill_tokens_per_s"] > 0
     assert summary["peer_builds"]["ik-llama-cpp"]  # the build's instruction sets are named
 
 

@@ -99,6 +99,9 @@ def test_bench_reports_llama_cpp_agreement_apart_from_the_lossless_match(smollm,
     peer = summary["methods"]["llama-cpp:lookup=2"]
     assert peer["quantize"] == "llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
     assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["speedup_vs_own_ar"] is not None
+    assert (
+        peer["prefill_tokens_per_s"] > 0 and summary["methods"]["llama-cpp:quantize=gguf"]["prefill_tokens_per_s"] > 0
+    )
     assert "llama-cpp:quantize=gguf" in summary["methods"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "output equal to our `ar`'s" in report

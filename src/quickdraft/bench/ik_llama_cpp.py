@@ -54,7 +54,7 @@ class IkLlamaCppMethod:
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
-        return RunOutput(got["tokens"], got["wall_s"], got["forwards"])
+        return RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
 
     def close(self) -> None:
         self.child.close()

@@ -5,8 +5,8 @@ Run by path, it imports the standard library and ik_llama_cpp only. The protocol
 (one JSON request a line on stdin, one reply a line on the original stdout):
 - {"op": "load", "model", "n_ctx", "threads"}: the model; replies its build's system info;
 - {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids; replies
-  the tokens (ended by the EOS id it stopped at, as our methods' are), the seconds (prefill included)
-  and the forwards (one a token);
+  the tokens (ended by the EOS id it stopped at, as our methods' are), the seconds (prefill included),
+  the forwards (one a token) and `prefill_s`, the prompt's prefill timed alone by a call before the run;
 - {"op": "close"}: exit.
 """
 
@@ -45,6 +45,9 @@ class Peer:
         return {"ok": True, "system_info": info}
 
     def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
+        start = time.perf_counter()  # its binding decodes in one call: the prefill is timed alone first
+        self.llm.generate(list(prompt), max_tokens=0, temperature=0.0)
+        prefill = time.perf_counter() - start
         start = time.perf_counter()
         out = [int(t) for t in self.llm.generate(list(prompt), max_tokens=max_new_tokens, temperature=0.0)]
         wall = time.perf_counter() - start
@@ -53,7 +56,7 @@ class Peer:
                 out.append(int(self.llm._context.sample(-1, temperature=0.0, top_k=40, top_p=0.95)))
             except Exception:
                 out.append(eos[0])
-        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out)}
+        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out), "prefill_s": prefill}
 
 
 def serve(requests, replies) -> None:

@@ -130,7 +130,9 @@ class LlamaCppMethod:
         out, drafts = got["tokens"], [(at, draft) for at, draft in got["drafts"]]
         drafted = sum(len(d) for _, d in drafts)
         accepted = lookup_accepted(len(prompt_ids), out, drafts)
-        return RunOutput(out, got["wall_s"], got["forwards"], len(drafts), drafted, accepted)
+        output = RunOutput(out, got["wall_s"], got["forwards"], len(drafts), drafted, accepted)
+        output.prefill_s = got.get("prefill_s")
+        return output
 
     def close(self) -> None:
         release_worker(self.key)

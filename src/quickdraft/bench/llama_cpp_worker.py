@@ -15,8 +15,8 @@ prints go to stderr). Requests:
   system info;
 - {"op": "run", "prompt", "max_new_tokens", "eos", "lookup"}: greedy decoding from the prompt ids,
   plain or with prompt lookup (`lookup`: its tokens, 0 plain; absent: as loaded); replies the tokens,
-  the seconds it took (prefill included), the forwards (llama_decode calls) and each draft (where it
-  was proposed, its tokens);
+  the seconds it took (prefill included) and to its first token (`prefill_s`), the forwards
+  (llama_decode calls) and each draft (where it was proposed, its tokens);
 - {"op": "close"}: exit.
 A failure that Python sees replies {"error": "..."}; the loop goes on.
 """
@@ -100,13 +100,22 @@ class Peer:
         self.llm.reset()  # no prefix reuse between runs: the prompt is prefilled every time, as ours
         out: list[int] = []
         stop = set(eos)
-        start = time.perf_counter()
+        start, first = time.perf_counter(), None
         for token in self.llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            first = first or time.perf_counter()  # the prompt's prefill and its first token
             out.append(int(token))
             if len(out) >= max_new_tokens or token in stop:
                 break
         wall = time.perf_counter() - start
-        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": self.forwards, "drafts": self.drafts}
+        prefill = (first or start) - start
+        return {
+            "ok": True,
+            "tokens": out,
+            "wall_s": wall,
+            "forwards": self.forwards,
+            "drafts": self.drafts,
+            "prefill_s": prefill,
+        }
 
     def argmax(self, tokens: list[int]) -> dict:
         """Teacher-forced: the top-1 id after each prefix of `tokens` (every row's logits kept)."""

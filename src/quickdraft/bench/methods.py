@@ -162,6 +162,7 @@ class QuickdraftMethod:
             s.accepted_lengths,
             dict(s.extra),
             units,
+            s.prefill_s,
         )
 
     def run_batch(

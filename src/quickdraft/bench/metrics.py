@@ -39,6 +39,13 @@ def tokens_per_s(rows: list[dict]) -> float:
     return _sum(rows, "new_tokens") / wall if wall > 0 else 0.0
 
 
+def prefill_rate(rows: list[dict]) -> float | None:
+    """Prompt tokens a second of prefill (to the first token), over the rows that timed it apart."""
+    timed = [r for r in rows if r.get("prefill_s")]
+    seconds = _sum(timed, "prefill_s")
+    return _sum(timed, "prompt_tokens") / seconds if timed and seconds > 0 else None
+
+
 def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
     """Metrics of one method over `rows`, against plain decoding's `ar_rows` on the same prompts."""
     runs = sorted({r["run"] for r in rows})
@@ -57,6 +64,7 @@ def group_metrics(rows: list[dict], ar_rows: list[dict]) -> dict:
         "runs": len(runs),
         "new_tokens": int(_sum(rows, "new_tokens")),
         "tokens_per_s": tokens_per_s(rows),
+        "prefill_tokens_per_s": prefill_rate(rows),
         "tokens_per_s_std": statistics.stdev(per_run_tps) if len(per_run_tps) > 1 else 0.0,
         "speedup_vs_ar": statistics.mean(per_run_speedup) if per_run_speedup else 0.0,
         "speedup_vs_ar_std": statistics.stdev(per_run_speedup) if len(per_run_speedup) > 1 else 0.0,

@@ -25,6 +25,7 @@ class RunOutput:
     accepted_lengths: list[int] = field(default_factory=list)  # tokens per target forward (ours only)
     extra: dict[str, int] = field(default_factory=dict)  # method-specific counters (PEARL runs)
     draft_cost_units: float | None = None  # drafting in target forwards (bench/cost.py); None: not counted
+    prefill_s: float | None = None  # the prompt's prefill to the first token (None: not measured apart)
 
 
 def read_rows(folder: Path) -> list[dict] | None:

@@ -15,9 +15,9 @@ def _acceptance(method: str, s: dict) -> str:
 
 def _table(summary: dict) -> list[str]:
     lines = [
-        "| method | tokens/s (± run std) | speedup vs ar (± std) | SWI (cost model) | mean accepted tokens "
-        "| draft acceptance | matches ar | PEARL MAT | tree nodes / accepted depth 0,1,2,... |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | tokens/s (± run std) | speedup vs ar (± std) | prefill tokens/s | SWI (cost model) "
+        "| mean accepted tokens | draft acceptance | matches ar | PEARL MAT | tree nodes / accepted depth 0,1,2,... |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, s in summary["methods"].items():
         mat = s.get("pearl_mean_accepted_tokens")
@@ -25,9 +25,10 @@ def _table(summary: dict) -> list[str]:
         tree = "-" if nodes is None else f"{nodes:.1f} / {', '.join(map(str, hist or []))}"
         swi = "-" if s.get("swi") is None else f"{s['swi']:.2f}x"
         pearl = "-" if mat is None else f"{mat:.2f}"
+        prefill = "-" if s.get("prefill_tokens_per_s") is None else f"{s['prefill_tokens_per_s']:.0f}"
         lines.append(
             f"| `{m}` | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {s['speedup_vs_ar']:.2f}x ± "
-            f"{s['speedup_vs_ar_std']:.2f} | {swi} | {s['mean_accepted_tokens']:.2f} | "
+            f"{s['speedup_vs_ar_std']:.2f} | {prefill} | {swi} | {s['mean_accepted_tokens']:.2f} | "
             f"{_acceptance(m, s)} | {_match(s['lossless_match_rate'])} | {pearl} | {tree} |"
         )
     return lines

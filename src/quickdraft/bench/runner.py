@@ -138,6 +138,7 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
                         "quantize": weights,
                         "run": run,
                         "new_tokens": len(res.token_ids),
+                        "prompt_tokens": len(ids),
                         **asdict(res),
                         "plain": plain[text],
                         # lossless means: equal to plain decoding of the same weights (None: a sampled
