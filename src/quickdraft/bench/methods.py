@@ -25,6 +25,7 @@ from quickdraft.bench.ik_llama_cpp import IkLlamaCppMethod
 from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
 from quickdraft.bench.llama_cpp import LlamaCppMethod
 from quickdraft.bench.llama_spec import SPEC_KEYS, LlamaSpecMethod
+from quickdraft.bench.openvino_peer import OpenVinoMethod
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
@@ -38,6 +39,7 @@ PEERS = {
     "hf-assisted": ("drafter", "draft_length", "schedule"),
     "llama-cpp": (*LLAMA_CPP_KEYS, *SPEC_KEYS),
     "ik-llama-cpp": (),
+    "openvino": (),
 }
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}
 SAMPLING = ("temperature", "top_k", "top_p")  # per-request keys our methods take (`sd:temperature=0.8`)
@@ -262,6 +264,7 @@ PEER_CLASSES = {
     "hf-assisted": HFAssisted,
     "llama-cpp": _llama_cpp,
     "ik-llama-cpp": IkLlamaCppMethod,
+    "openvino": OpenVinoMethod,
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from quickdraft.bench.methods import PEER_CLASSES, PEERS, MethodSpec, parse_methods
 from quickdraft.errors import QuickdraftError
 
-GGUF_PEERS = ("llama-cpp", "ik-llama-cpp")  # peers that decode the target's GGUF (their own weights)
+GGUF_PEERS = ("llama-cpp", "ik-llama-cpp", "openvino")  # peers that decode the target's GGUF (their own weights)
 
 
 def _weights(spec: MethodSpec, default: str) -> str:

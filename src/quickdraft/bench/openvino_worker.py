@@ -1,0 +1,77 @@
+"""The OpenVINO GenAI peer's child process: openvino_genai loaded here, never in the bench's process (a
+runtime that dies on this host ends this process only: `bench/peer_process.py`).
+
+Run by path, it imports the standard library, numpy and OpenVINO only. The protocol is
+llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
+- {"op": "load", "model", "threads"}: an `LLMPipeline` over the GGUF file (OpenVINO's own GGUF reader),
+  on the CPU with that many inference threads; replies its version;
+- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids (no chat
+  template: they are already the prompt), stopped at the EOS ids; replies the tokens (ended by the EOS
+  id, as our methods' are), the seconds (prefill included), the forwards (one a token) and its own
+  time to the first token (`prefill_s`);
+- {"op": "close"}: exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class Peer:
+    def __init__(self) -> None:
+        self.pipe = None
+
+    def load(self, model: str, threads: int) -> dict:
+        import openvino_genai
+
+        self.pipe = openvino_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads)
+        return {"ok": True, "system_info": f"OpenVINO GenAI {openvino_genai.__version__} (CPU plugin)"}
+
+    def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
+        import numpy as np
+        import openvino
+        import openvino_genai
+
+        ids = np.array([prompt], dtype=np.int64)
+        inputs = openvino_genai.TokenizedInputs(openvino.Tensor(ids), openvino.Tensor(np.ones_like(ids)))
+        config = openvino_genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
+        config.apply_chat_template = False
+        config.stop_token_ids = set(eos)
+        start = time.perf_counter()
+        result = self.pipe.generate(inputs, config)
+        wall = time.perf_counter() - start
+        out = [int(t) for t in result.tokens[0]]
+        if len(out) < max_new_tokens and (not out or out[-1] not in eos):  # stopped at an EOS it left out
+            out.append(eos[0])
+        prefill = result.perf_metrics.get_ttft().mean / 1e3
+        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out), "prefill_s": prefill}
+
+
+def serve(requests, replies) -> None:
+    peer = Peer()
+    for line in requests:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "close":
+            break
+        try:
+            reply = getattr(peer, op)(**request)
+        except Exception as exc:  # a Python-level failure: reported, the process lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder must not shadow packages
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything the runtime prints goes to stderr
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()

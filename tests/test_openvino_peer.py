@@ -1,0 +1,53 @@
+"""OpenVINO GenAI as a bench peer (issue #69 item 4): plain decoding of the target's GGUF through its own
+GGUF reader, in a child process; an optional extra whose absence (or a reader that refuses the file) is
+a one-line skip, never a crash; its own plain decoding is its lossless reference."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from quickdraft.bench.methods import build_method, parse_methods
+from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+
+PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."
+
+
+def _missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "openvino_genai" else real(name, *a)
+    )
+
+
+def test_it_is_plain_decoding_of_its_own_weights():
+    assert [s.text for s in _methods_with_ar("sd,openvino")] == ["ar", "sd", "openvino"]
+
+
+def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
+    _missing(monkeypatch)
+    with pytest.raises(PeerSkipped, match=r'skipped: .*pip install -e "\.\[openvino\]"') as exc:
+        build_method(parse_methods("openvino")[0], tiny_target, "float32")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.slow
+def test_it_decodes_the_embedded_default_where_installed(tmp_path):
+    if importlib.util.find_spec("openvino_genai") is None:  # found, not imported: it loads in its child
+        pytest.skip('the openvino extra is not installed (pip install -e ".[openvino]")')
+    from quickdraft.weights.loading import load_model
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
+    config = BenchConfig(methods="ar,openvino", prompts=str(prompts), max_new_tokens=16, runs=1)
+    config.out = str(tmp_path / "out")
+    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    if "openvino" in summary.get("failed", {}):  # its reader may refuse the default's blocks: one line
+        assert "skipped" in summary["failed"]["openvino"] and "\n" not in summary["failed"]["openvino"]
+        return
+    peer = summary["methods"]["openvino"]
+    assert peer["quantize"] == "openvino:gguf" and peer["lossless_match_rate"] == 1.0
+    assert peer["tokens_per_s"] > 0 and peer["prefill_tokens_per_s"] > 0
