@@ -106,7 +106,8 @@ def _peer_notes(summary: dict) -> list[str]:
         lines += [f"- `{m}`: {why}" for m, why in summary["failed"].items()]
         lines.append("")
     for m, info in summary.get("peer_builds", {}).items():
-        lines += [f"`{m}` ran llama.cpp built with: {' '.join(info.split())}", ""]
+        runtime = "OpenVINO" if m.startswith("openvino") else "llama.cpp"  # ik_llama.cpp is a llama.cpp build
+        lines += [f"`{m}` ran {runtime} built with: {' '.join(info.split())}", ""]
     return lines
 
 
