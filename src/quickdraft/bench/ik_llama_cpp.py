@@ -11,50 +11,18 @@ build has.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, PeerSkipped
-from quickdraft.errors import QuickdraftError
+from quickdraft.bench.gguf_peer import GgufPeer, peer_context
 from quickdraft.weights.loading import LoadedModel
 
-WORKER = Path(__file__).with_name("ik_llama_cpp_worker.py")
 
-
-class IkLlamaCppMethod:
+class IkLlamaCppMethod(GgufPeer):
     """Plain decoding by ik_llama.cpp on the target's own GGUF, in a child process."""
 
-    speculative = False
+    module, package, extra = "ik_llama_cpp", "ik-llama-cpp-python", "ik"
+    worker = Path(__file__).with_name("ik_llama_cpp_worker.py")
 
-    def __init__(self, spec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none") -> None:
-        import torch
-
-        if importlib.util.find_spec("ik_llama_cpp") is None:  # an optional peer: skipped, never fatal
-            raise PeerSkipped(f'{spec.text}: skipped: ik-llama-cpp-python is not installed (pip install -e ".[ik]")')
-        if target.gguf is None:
-            raise QuickdraftError(f"{spec.text}: the target {target.name} was not loaded from a GGUF file")
-        self.spec = spec
-        self.eos = sorted(target.eos_token_ids)
-        context = min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
-        self.child = ChildPeer(spec.text, WORKER)
-        try:
-            loaded = self.child.call("load", model=str(target.gguf), n_ctx=context, threads=torch.get_num_threads())
-        except PeerCrashed:
-            self.child.close()
-            raise
-        except QuickdraftError as exc:  # it could not load the model
-            self.child.close()
-            raise PeerSkipped(f"skipped: {exc}") from None
-        self.system_info = loaded["system_info"]
-
-    @property
-    def weights(self) -> str:
-        return "ik-llama-cpp:gguf"
-
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
-        return RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
-
-    def close(self) -> None:
-        self.child.close()
+    def load_fields(self, target: LoadedModel) -> dict:
+        """The bench's threads and a context of the model's, at most 4,096 positions."""
+        return {**super().load_fields(target), "n_ctx": peer_context(target)}

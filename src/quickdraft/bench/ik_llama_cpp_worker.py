@@ -1,8 +1,8 @@
 """The ik_llama.cpp peer's child process: ik-llama-cpp-python (module `ik_llama_cpp`) loaded here, never in
 the bench's process (a build that dies on this host ends this process only: `bench/peer_process.py`).
 
-Run by path, it imports the standard library and ik_llama_cpp only. The protocol is llama_cpp_worker's
-(one JSON request a line on stdin, one reply a line on the original stdout):
+Run by path, it imports the standard library, `peer_worker.py` (its loop) and ik_llama_cpp only. The
+protocol is llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
 - {"op": "load", "model", "n_ctx", "threads"}: the model; replies its build's system info;
 - {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids; replies
   the tokens (ended by the EOS id it stopped at, as our methods' are), the seconds (prefill included),
@@ -12,9 +12,7 @@ Run by path, it imports the standard library and ik_llama_cpp only. The protocol
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 
@@ -59,28 +57,7 @@ class Peer:
         return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out), "prefill_s": prefill}
 
 
-def serve(requests, replies) -> None:
-    peer = Peer()
-    for line in requests:
-        request = json.loads(line)
-        op = request.pop("op")
-        if op == "close":
-            break
-        try:
-            reply = getattr(peer, op)(**request)
-        except Exception as exc:  # a Python-level failure: reported, the process lives on
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-
-
-def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder must not shadow packages
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything the library prints goes to stderr
-    serve(sys.stdin, replies)
-
-
 if __name__ == "__main__":
-    main()
+    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+
+    main(Peer())

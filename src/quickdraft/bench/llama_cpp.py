@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from quickdraft.bench.gguf_peer import peer_context
 from quickdraft.bench.outputs import RunOutput
 from quickdraft.bench.peer_process import ChildPeer
 from quickdraft.errors import QuickdraftError
@@ -114,7 +115,7 @@ class LlamaCppMethod:
             raise QuickdraftError(f"{spec.text}: lookup must be >= 1")
         self.speculative = self.lookup > 0
         model = quantized_copy(target.gguf, self.quant)
-        context = min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
+        context = peer_context(target)
         self.eos = sorted(target.eos_token_ids)
         self.key = (str(model), context, torch.get_num_threads())
         self.child, self.system_info = shared_worker(spec.text, self.key)

@@ -3,8 +3,8 @@
 A llama.cpp build that does not run on the host dies with a signal (an AMX `tilezero` on an Intel
 Xeon VM was SIGILL, issue #47); here that death ends this process only, and the parent
 (`bench/peer_process.py`) reports it as one method's failure. Run by path (`python
-llama_cpp_worker.py`), so it imports the standard library and llama_cpp only, not quickdraft (nor
-torch).
+llama_cpp_worker.py`), so it imports the standard library, `peer_worker.py` (its loop) and llama_cpp
+only, not quickdraft (nor torch).
 
 Protocol: one JSON object a line on stdin, one reply a line on the original stdout (llama.cpp's own
 prints go to stderr). Requests:
@@ -23,9 +23,7 @@ A failure that Python sees replies {"error": "..."}; the loop goes on.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 
@@ -125,29 +123,7 @@ class Peer:
         return {"ok": True, "argmax": [int(i) for i in self.llm.scores[: len(tokens)].argmax(-1)]}
 
 
-def serve(requests, replies) -> None:
-    """Answer `requests` (lines of JSON) on `replies` until "close" or the end of input."""
-    peer = Peer()
-    for line in requests:
-        request = json.loads(line)
-        op = request.pop("op")
-        if op == "close":
-            break
-        try:
-            reply = getattr(peer, op)(**request)
-        except Exception as exc:  # a Python-level failure: reported, the process lives on
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-
-
-def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder (with bench/llama_cpp.py,
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # our peer) would shadow llama_cpp
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything llama.cpp prints goes to stderr
-    serve(sys.stdin, replies)
-
-
 if __name__ == "__main__":
-    main()
+    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+
+    main(Peer())

@@ -11,49 +11,13 @@ run here yet (its draft must be an OpenVINO folder).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, PeerSkipped
-from quickdraft.errors import QuickdraftError
-from quickdraft.weights.loading import LoadedModel
-
-WORKER = Path(__file__).with_name("openvino_worker.py")
+from quickdraft.bench.gguf_peer import GgufPeer
 
 
-class OpenVinoMethod:
+class OpenVinoMethod(GgufPeer):
     """Plain decoding by OpenVINO GenAI on the target's own GGUF, in a child process."""
 
-    speculative = False
-
-    def __init__(self, spec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none") -> None:
-        import torch
-
-        if importlib.util.find_spec("openvino_genai") is None:  # an optional peer: skipped, never fatal
-            raise PeerSkipped(f'{spec.text}: skipped: openvino-genai is not installed (pip install -e ".[openvino]")')
-        if target.gguf is None:
-            raise QuickdraftError(f"{spec.text}: the target {target.name} was not loaded from a GGUF file")
-        self.spec = spec
-        self.eos = sorted(target.eos_token_ids)
-        self.child = ChildPeer(spec.text, WORKER)
-        try:
-            loaded = self.child.call("load", model=str(target.gguf), threads=torch.get_num_threads())
-        except PeerCrashed:
-            self.child.close()
-            raise
-        except QuickdraftError as exc:  # it could not load the model
-            self.child.close()
-            raise PeerSkipped(f"skipped: {exc}") from None
-        self.system_info = loaded["system_info"]
-
-    @property
-    def weights(self) -> str:
-        return "openvino:gguf"
-
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
-        return RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
-
-    def close(self) -> None:
-        self.child.close()
+    module, package, extra = "openvino_genai", "openvino-genai", "openvino"
+    worker = Path(__file__).with_name("openvino_worker.py")

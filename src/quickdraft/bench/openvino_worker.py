@@ -1,7 +1,7 @@
 """The OpenVINO GenAI peer's child process: openvino_genai loaded here, never in the bench's process (a
 runtime that dies on this host ends this process only: `bench/peer_process.py`).
 
-Run by path, it imports the standard library, numpy and OpenVINO only. The protocol is
+Run by path, it imports the standard library, `peer_worker.py` (its loop), numpy and OpenVINO only. The protocol is
 llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
 - {"op": "load", "model", "threads"}: an `LLMPipeline` over the GGUF file (OpenVINO's own GGUF reader),
   on the CPU with that many inference threads; replies its version;
@@ -14,9 +14,6 @@ llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the or
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 
 
@@ -50,28 +47,7 @@ class Peer:
         return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out), "prefill_s": prefill}
 
 
-def serve(requests, replies) -> None:
-    peer = Peer()
-    for line in requests:
-        request = json.loads(line)
-        op = request.pop("op")
-        if op == "close":
-            break
-        try:
-            reply = getattr(peer, op)(**request)
-        except Exception as exc:  # a Python-level failure: reported, the process lives on
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-
-
-def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))  # run by path: its folder must not shadow packages
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything the runtime prints goes to stderr
-    serve(sys.stdin, replies)
-
-
 if __name__ == "__main__":
-    main()
+    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+
+    main(Peer())

@@ -1,0 +1,73 @@
+"""A peer runtime's plain greedy decoding of the target's own GGUF, in a child process (`GgufPeer`): what
+`ik-llama-cpp` (`bench/ik_llama_cpp.py`) and `openvino` (`bench/openvino_peer.py`) share. It is fed what
+our methods are fed (the prompt ids, the budget, the EOS ids, the threads; the prefill timed). The peer
+is an optional extra: where its package is missing or it cannot load the file, the method is skipped
+with one line (`PeerSkipped`); a worker that dies fails it with one line (`PeerCrashed`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from quickdraft.bench.outputs import RunOutput
+from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, PeerSkipped
+from quickdraft.errors import QuickdraftError
+from quickdraft.weights.loading import LoadedModel
+
+
+def peer_context(target: LoadedModel) -> int:
+    """The context a peer loads the target with: the model's, at most 4,096 positions."""
+    return min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
+
+
+class GgufPeer:
+    """Plain decoding by a peer runtime on the target's own GGUF, in a child process.
+
+    Subclasses name `module` (the package the worker imports, found here without importing it),
+    `package` and `extra` (what installs it) and `worker` (the script run by path), and may add to the
+    worker's load request (`load_fields`).
+    """
+
+    speculative = False
+    module: str
+    package: str
+    extra: str
+    worker: Path
+
+    def __init__(self, spec, target: LoadedModel, dtype: str, runtime: str = "auto", quantize: str = "none") -> None:
+        if importlib.util.find_spec(self.module) is None:  # an optional peer: skipped, never fatal
+            raise PeerSkipped(
+                f'{spec.text}: skipped: {self.package} is not installed (pip install -e ".[{self.extra}]")'
+            )
+        if target.gguf is None:
+            raise QuickdraftError(f"{spec.text}: the target {target.name} was not loaded from a GGUF file")
+        self.spec = spec
+        self.eos = sorted(target.eos_token_ids)
+        self.child = ChildPeer(spec.text, self.worker)
+        try:
+            loaded = self.child.call("load", model=str(target.gguf), **self.load_fields(target))
+        except PeerCrashed:
+            self.child.close()
+            raise
+        except QuickdraftError as exc:  # it could not load the model
+            self.child.close()
+            raise PeerSkipped(f"skipped: {exc}") from None
+        self.system_info = loaded["system_info"]
+
+    def load_fields(self, target: LoadedModel) -> dict:
+        """What the worker's load request carries besides the model's path: the bench's threads."""
+        import torch
+
+        return {"threads": torch.get_num_threads()}
+
+    @property
+    def weights(self) -> str:
+        return f"{self.spec.name}:gguf"
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
+        return RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
+
+    def close(self) -> None:
+        self.child.close()
