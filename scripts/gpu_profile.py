@@ -48,7 +48,7 @@ def replay_cost(engine, device: str, times: int = 20) -> None:
     """Each captured graph of the lone decoder replayed `times` times back to back, unprofiled: the
     host's launch time a replay (the calls return before the GPU is done) and the time a replay end
     to end (GPU-bound where the GPU takes longer than the launch)."""
-    decoder = engine.parts.memo.get("lone_decoder")
+    decoder = engine.parts.memo.get(("batch_decoder", 1))
     static = None if decoder is None else decoder.target.static
     if device != "cuda" or static is None:
         return

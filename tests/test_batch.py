@@ -318,7 +318,7 @@ def test_graphs_switch_runs_lone_requests_on_the_static_forward(flat_costs):
         got = static.generate(prompt, max_new_tokens=24)
         assert got.token_ids == want.token_ids and got.text == want.text
         assert got.stats.num_accepted_draft_tokens > 0  # speculation happened
-    assert static.parts.memo["lone_decoder"].target.static.replays > 0
+    assert static.parts.memo["batch_decoder", 1].target.static.replays > 0
     with pytest.raises(QuickdraftError, match="graphs"):
         EngineConfig(graphs="maybe")
 

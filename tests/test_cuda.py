@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quickdraft import Engine, EngineConfig
-from quickdraft.config import SamplingConfig, StopConfig
+from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.common import Generators
 from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
@@ -54,8 +54,24 @@ def test_greedy_chain_graphs_equal_the_cpu_across_a_span_bucket():
     assert gpu.generate_ids(prompt, SamplingConfig(), StopConfig(40)).token_ids == want
     eos = StopConfig(40, eos_token_ids=(want[9],))
     assert gpu.generate_ids(prompt, SamplingConfig(), eos).token_ids == want[: want.index(want[9]) + 1]
-    static = gpu.parts.memo["lone_decoder"].target.static
-    assert static.chain_steps >= 39 + 9 and sorted(static.chains) == [256, 512]
+    static = gpu.parts.memo["batch_decoder", 1].target.static
+    assert static.chain_steps >= 39 + 9 and sorted(static.chains) == static.spans()  # all captured at warm-up
+    report = gpu.graph_report()
+    assert report["late_captures"] == 0 and report["graph_mib"] >= 0 and report["capture_s"] > 0
+
+
+def test_rounds_drafted_ahead_on_cuda_equal_the_cpu():
+    """Over real graphs the next round is drafted while the verify replays (decoding/ahead.py): the
+    tokens equal the CPU's plain loop, and drafts made ahead were kept."""
+    prompt = [(5 * i) % 11 + 3 for i in range(60)] + [31] * 8  # as tests/test_ahead.py
+    model = lambda: tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.float64)  # noqa: E731
+    want = Engine(model(), EngineConfig(method="ar", device="cpu")).generate_ids(
+        prompt, SamplingConfig(), StopConfig(48)
+    )
+    config = EngineConfig(method="sd", drafter="suffix:none", device="cuda", draft=DraftConfig(guard=False))
+    got = Engine(model(), config).generate_ids(prompt, SamplingConfig(), StopConfig(48))
+    assert got.token_ids == want.token_ids
+    assert got.stats.num_accepted_draft_tokens > 0 and got.stats.extra.get("ahead_hits", 0) > 0
 
 
 def test_sampling_uses_device_generators():

@@ -33,7 +33,7 @@ def _run(target, monkeypatch, price: float | None, drafter: str = "suffix:none")
         got = lone.generate(prompt, max_new_tokens=40)
         assert got.token_ids == want.token_ids
         outs.append(got)
-    return lone.parts.memo["lone_decoder"], outs
+    return lone.parts.memo["batch_decoder", 1], outs
 
 
 def test_drafting_starts_with_a_measured_chained_probe(target, monkeypatch, flat_costs):

@@ -150,6 +150,21 @@ class Engine:
             ran["choice"] = "; ".join(f"{what} {why}" for what, why in self.choices.items())
         return ran
 
+    def graph_report(self) -> dict[str, float | int] | None:
+        """What the lone decoder's captured graphs cost (`runtime/forward/capture.py`); None: none here."""
+        decoder = self.parts.memo.get(("batch_decoder", 1))
+        capturer = decoder and decoder.target.static and decoder.target.static.capturer
+        return capturer.report() if capturer else None
+
+    def kept_decoder(self, max_batch: int | None) -> BatchDecoder:
+        """The batch decoder of `max_batch` rows, made once (its graphs captured then: `batch_decoder`)
+        and kept; rows an earlier call left in it (one that failed inside) are dropped first."""
+        key = ("batch_decoder", max_batch)
+        decoder = self.parts.memo[key] = self.parts.memo.get(key) or self.batch_decoder(max_batch)
+        if not decoder.idle:
+            decoder.abort()
+        return decoder
+
     def close(self) -> None:
         """Stop worker processes, if any."""
         self.parts.close()
@@ -159,9 +174,7 @@ class Engine:
         batchable engine, one request runs as a batch of one over the static (graphed) forward."""
         if self.graphs and self.batch_unsupported() is None:
             self.check_length(len(prompt_ids), stop.max_new_tokens)
-            if "lone_decoder" not in self.parts.memo:  # its graphs are captured once, then replayed
-                self.parts.memo["lone_decoder"] = self.batch_decoder(max_batch=1)
-            return run_batch(self.parts.memo["lone_decoder"], [(prompt_ids, sampling, stop)])[0].result()
+            return run_batch(self.kept_decoder(1), [(prompt_ids, sampling, stop)])[0].result()
         with eager_attention():  # nothing captured: no cuDNN plan per shape on a GPU
             return run_to_end(*self._start(prompt_ids, sampling, stop))
 
@@ -188,13 +201,12 @@ class Engine:
         return self.parts.memo["batch_reason"]
 
     def _batch_reason(self) -> str | None:
-        cfg = self.config
         if not self.method.batches:
-            return f"method {cfg.method!r} decodes one sequence at a time"
+            return f"method {self.config.method!r} decodes one sequence at a time"
         if not self.target.supports_batches:
             return "the target does not run on the native runtime"
-        if cfg.verifier not in (None, "greedy", "speculative"):
-            return f"verifier {cfg.verifier!r} (a batch verifies with the lossless rules)"
+        if self.config.verifier not in (None, "greedy", "speculative"):
+            return f"verifier {self.config.verifier!r} (a batch verifies with the lossless rules)"
         if self.drafter is None:
             return None
         bind_target(self.drafter, self.target)  # Kangaroo forks from its handle on the target's layers
@@ -206,10 +218,9 @@ class Engine:
         return None
 
     def batch_plan(self) -> tuple[BatchPlan, int]:
-        """(the draft budget by batch size, the default batch size), read off this host's measured
-        batched cost surface (costs/batch_costs.py; measured once per engine, persisted for the
-        embedded default and the named targets, whose weights are fixed by checksum). Each decoder gets
-        its own plan (it calibrates to what its rows accept)."""
+        """(the draft budget by batch size, the default batch size), read off this host's measured batched
+        cost surface (costs/batch_costs.py; measured once per engine, persisted for the embedded default and
+        the named targets, whose weights are fixed by checksum); each decoder's own (it calibrates)."""
         drafter = self.drafter
         draft, pmin = auto_chain(self.parts)  # a draft model's p-min chain where no draft option is given
         auto = drafter is not None and drafter.drafts_trees and draft.tree is None and bool(drafter.tree_gain)
@@ -217,8 +228,7 @@ class Engine:
         fixed = 0 if drafter is None or auto else (draft.tree or draft.num_draft_tokens)
         keep = draft_policy(self.parts, draft).keep_drafting if pmin else None  # priced as a lone row's
         if "batch_surface" not in self.parts.memo:
-            name = self.target_info.name or ""
-            probe = lambda: BatchedTarget(self.target, max(BATCHES))  # noqa: E731
+            name, probe = self.target_info.name or "", lambda: BatchedTarget(self.target, max(BATCHES))
             surface = batch_cost_surface(probe, name, self.dtype, fixed_weights(name), self.config.quantize)
             self.parts.memo["batch_surface"] = surface
         surface = self.parts.memo["batch_surface"]
@@ -229,10 +239,9 @@ class Engine:
     def batch_decoder(
         self, max_batch: int | None = None, prefill_chunk: int = 128, graphs: bool | None = None
     ) -> BatchDecoder:
-        """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`),
-        with `max_batch` rows (default: fitted to this host). `graphs`: the static, CUDA-graphed
-        forward (runtime/forward/graphs.py; default: the engine's `graphs` setting; a CPU runs its static
-        shapes eagerly)."""
+        """A continuous-batching decoder over this engine's target and drafter (`decoding/batch.py`), of
+        `max_batch` rows (default: fitted to this host); `graphs` (default: the engine's setting): the static
+        forward, graphed on a GPU, every graph captured here (runtime/forward/graphs.py)."""
         reason = self.batch_unsupported()
         if reason is not None:
             raise QuickdraftError(f"batched decoding is not available: {reason}")
@@ -243,6 +252,7 @@ class Engine:
         target = BatchedTarget(self.target, max_batch or fitted)
         if graphs if graphs is not None else self.graphs:
             target.static = StaticBatchForward(target, self.target.max_length, graphs=self.device == "cuda")
+            target.static.prepare(1 + (plan.widest if self.drafter is not None else 0))  # before any timing
         decoder = BatchDecoder(target, self.drafter, plan, detokenize, prefill_chunk)
         decoder.ran = self.ran()
         if self.drafter is not None and self.config.draft.guard:  # never slower than a plain batch
@@ -257,7 +267,7 @@ class Engine:
         `max_batch` at once (default: fitted to this host); each result is what its prompt gives alone."""
         for ids in prompts_ids:
             self.check_length(len(ids), stop.max_new_tokens)
-        decoder = self.batch_decoder(max_batch)
+        decoder = self.kept_decoder(max_batch) if self.graphs else self.batch_decoder(max_batch)
         return [c.result() for c in run_batch(decoder, [(ids, sampling, stop) for ids in prompts_ids])]
 
     def generate(

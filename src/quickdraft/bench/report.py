@@ -59,6 +59,20 @@ def _choices_note(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _graphs_note(summary: dict) -> list[str]:
+    """What capturing each method's graphs cost, outside its timing (a GPU's static forward)."""
+    graphs = summary.get("graphs") or {}
+    if not graphs:
+        return []
+    lines = ["Graphs captured at warm-up (not in the timed runs; late = captured inside a timed generation):", ""]
+    for method, g in graphs.items():
+        lines.append(
+            f"- `{method}`: {g['graphs']} graphs in {g['capture_s']:.1f} s, {g['graph_mib']:.0f} MiB, "
+            f"{g['late_captures']} late"
+        )
+    return [*lines, ""]
+
+
 def _quantized_note(summary: dict) -> list[str]:
     quantized = {m: s for m, s in summary["methods"].items() if s.get("quantize")}
     if not quantized:
@@ -147,6 +161,7 @@ def render_report(summary: dict, plots: list[str]) -> str:
         "matches ar = share of outputs token-identical to plain decoding.",
         "",
         *_choices_note(summary),
+        *_graphs_note(summary),
         *_quantized_note(summary),
         *_peer_notes(summary),
         *_guard_note(summary),

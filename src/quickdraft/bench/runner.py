@@ -170,6 +170,9 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
     choices = {t: m.engine.choices for t, m in methods.items() if isinstance(m, QuickdraftMethod) and m.engine.choices}
     if choices:  # what each default resolved to, and why (defaults.py)
         summary["choices"] = choices
+    graphs = {t: m.engine.graph_report() for t, m in methods.items() if isinstance(m, QuickdraftMethod)}
+    if any(graphs.values()):  # captured at warm-up, outside the timing (issue #70)
+        summary["graphs"] = {t: g for t, g in graphs.items() if g}
     summary["config"] = asdict(config)
     summary["machine"] = machine_info(config.device)
     summary["peak_rss_mib"] = {**peak_rss_mib(), "together_pss": memory.stop(), "at_peak_pss": memory.at_peak}

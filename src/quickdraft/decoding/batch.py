@@ -25,6 +25,7 @@ tree; a model drafter's tree carries the q rows its tokens were drawn from).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -209,7 +210,9 @@ class BatchDecoder:
 
     def _round(self) -> list[BatchUpdate]:
         """One round of the round loop (`decoding/round.py`) over every running row."""
-        loop = RoundLoop(self.target, self.plan, guard=self.guard, price=self._price, label_rows=True)
+        static = self.target.static
+        ahead = static is not None and static.graphs and os.environ.get("QUICKDRAFT_AHEAD") != "0"
+        loop = RoundLoop(self.target, self.plan, guard=self.guard, price=self._price, label_rows=True, ahead=ahead)
         if self.target.static is not None:
             self.lone.begin_round(self.target.static)
         rooms = [row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1 for row in self.rows]

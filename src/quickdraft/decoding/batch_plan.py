@@ -53,6 +53,12 @@ class BatchPlan:
         """Accepted extra tokens over the table's promise, so far."""
         return self.accepted / self.promised
 
+    @property
+    def widest(self) -> int:
+        """The most draft nodes a row can be granted, whatever the calibration: the gain table's
+        largest budget, else `fixed` (what the static forward's warm-up captures for)."""
+        return max(self.gain) if self.gain else self.fixed
+
     def _plan(self) -> dict[int, int]:
         """{measured batch size: budget}: `fixed` everywhere without a gain table."""
         if self.surface is None:

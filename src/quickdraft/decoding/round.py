@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from quickdraft.config import SamplingConfig
+from quickdraft.decoding.ahead import Ahead, branches, deeper, guess, take_ahead
 from quickdraft.decoding.common import Generators, StateHandoff
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.drafters.base import Drafter, DraftRequest
@@ -50,6 +51,8 @@ class Lane:
         gens: its random streams.
         drafter: its drafter (its own state and cache), or None: plain rounds.
         reads: the target layers its drafter observes after every round (empty: none).
+        ahead: its next round's drafts, made while the last verify ran (`decoding/ahead.py`).
+        twin: the fork of its drafter that makes them (its own state: the lane's drafter's is untouched).
     """
 
     context: list[int]
@@ -57,6 +60,8 @@ class Lane:
     gens: Generators
     drafter: Drafter | None
     reads: tuple[int, ...]
+    ahead: list[Ahead] = field(default_factory=list, kw_only=True)
+    twin: Drafter | None = field(default=None, kw_only=True)
 
 
 class Budget(Protocol):
@@ -131,6 +136,8 @@ class RoundLoop:
         price: a drafted round's cost in plain-round steps (a batch prices its forward on the host's
             surface; None from it: the guard is not told); None: the guard's own pricing.
         label_rows: every round's events count the lanes it ran (`batch_rows`).
+        ahead: draft each lane's next round while the verify runs, for its likeliest outcome
+            (`decoding/ahead.py`; worth it where the forward runs without the host: a captured graph).
     """
 
     target: RowsTarget
@@ -139,6 +146,7 @@ class RoundLoop:
     guard: DraftGuard | None = None
     price: Callable[[list[TokenTree]], float | None] | None = None
     label_rows: bool = False
+    ahead: bool = False
 
     def step(self, lanes: Sequence[Lane], rooms: Sequence[int]) -> list[Round]:
         """One round over `lanes` (each with `rooms` tokens left before its limit); their Rounds."""
@@ -146,10 +154,17 @@ class RoundLoop:
         plain = self.guard is not None and not self.guard.drafts()
         requests = [None if plain else self.budget.request(len(lanes), room) for room in rooms]
         with eager_attention():  # drafters run uncaptured (the target's forward may be a graph)
-            drafts = [self._draft(lane, request) for lane, request in zip(lanes, requests, strict=True)]
+            taken = [
+                take_ahead(lane.ahead, lane.context, request) for lane, request in zip(lanes, requests, strict=True)
+            ]
+            drafts = [
+                self._draft(lane, request) if t is None else t
+                for lane, request, t in zip(lanes, requests, taken, strict=True)
+            ]
         mid = time.perf_counter()
         outs = self.target.run([block(lane, d, r) for lane, d, r in zip(lanes, drafts, requests, strict=True)])
-        best = self._argmax(lanes, outs)
+        made = [self._draft_ahead(lane, d, r) for lane, d, r in zip(lanes, drafts, requests, strict=True)]
+        best = self._argmax(lanes, outs)  # the verdict's read: the drafts ahead ran while the GPU worked
         rounds, drafted = [], []
         for i, (lane, draft, request, out) in enumerate(zip(lanes, drafts, requests, outs, strict=True)):
             path, nxt = self._verify(lane, draft, out, best[i])
@@ -164,6 +179,8 @@ class RoundLoop:
             if len(draft):
                 drafted.append((len(draft), len(path)))
             rounds.append(self._round(draft, request, path, new, mid - start, time.perf_counter() - mid, len(lanes)))
+            if self.ahead:
+                rounds[-1].events.update({"ahead_drafts": made[i], "ahead_hits": int(taken[i] is not None)})
         self.budget.observe(drafted)
         if plain:
             for rnd in rounds:
@@ -178,6 +195,24 @@ class RoundLoop:
             return TokenTree()
         draft = lane.drafter.propose(lane.context, request, lane.sampling, lane.gens.draft)
         return draft.within_vocab(self.target.vocab_size)
+
+    def _draft_ahead(self, lane: Lane, draft: TokenTree, request: DraftRequest | None) -> int:
+        """Draft the lane's next round for its likeliest outcomes with its drafter's twin, if `ahead` is
+        on and the drafter `drafts_ahead` (`decoding/ahead.py`); returns how many drafts it made."""
+        lane.ahead = []
+        drafter = lane.drafter
+        if not self.ahead or request is None or not len(draft) or drafter is None or not drafter.drafts_ahead:
+            return 0
+        lane.twin = lane.twin or drafter.fork()
+        if lane.twin is None:
+            return 0
+        with eager_attention():
+            for path in branches(draft):
+                context = guess(lane.context, draft, path)
+                made = lane.twin.propose(context, deeper(request), lane.sampling, None)
+                if len(made):
+                    lane.ahead.append(Ahead(context, made.within_vocab(self.target.vocab_size)))
+        return len(lane.ahead)
 
     def _argmax(self, lanes: Sequence[Lane], outs: list[TargetOutput]) -> list[list[int] | None]:
         """Each greedy lane's argmax per row, read from the device once for all of them."""

@@ -81,6 +81,9 @@ class Drafter:
         draft_steps: its forwards since `begin` (the bench's cost model).
         runs_target_layers: l > 0 when its draft runs the target's own first l layers over the
             target's cache (Kangaroo): it is then given a handle on them (`bind`).
+        drafts_ahead: a fork's `propose` depends on its context and the data forks share only (no
+            draws, no target states), so a fork may draft for a guessed context while the target
+            verifies (`decoding/ahead.py`).
     """
 
     name: str = "drafter"
@@ -93,6 +96,7 @@ class Drafter:
     parts: Sequence[Drafter] = ()
     draft_steps: int = 0
     runs_target_layers: int = 0
+    drafts_ahead: bool = False
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence (drop state tied to an earlier one)."""

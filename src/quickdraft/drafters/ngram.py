@@ -57,6 +57,7 @@ class PromptLookupDrafter(Drafter):
     """Drafter wrapper around `prompt_lookup` (name "ngram"); model-free (no step cost)."""
 
     drafts_trees = True
+    drafts_ahead = True  # host lookups: a fork drafts for a guessed context (decoding/ahead.py)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -125,6 +125,7 @@ class SuffixDrafter(Drafter):
 
     tree_gain = TREE_GAIN
     drafts_trees = True
+    drafts_ahead = True  # host lookups: a fork drafts for a guessed context (decoding/ahead.py)
 
     def __init__(self, index: SuffixIndex | None, config: SuffixConfig | None = None, name: str = "suffix") -> None:
         self.index, self.config, self.name = index, config or SuffixConfig(), name

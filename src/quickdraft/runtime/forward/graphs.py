@@ -10,8 +10,10 @@ forward (`runtime/caches/batched.py`) is made static here:
   input buffer, as are the ids, positions and each row's write position. Reading the whole capacity
   (8192 positions for the default model) cost a verify 3.6 ms of attention on an H200 (issue #50's
   profile: 120 us a layer at width > 1), a span bucket what the context needs;
-- one graph per (width, span) bucket, captured the first time it runs (after a warm-up on a side
-  stream, as torch.cuda.graphs asks) and replayed after the round's inputs are copied in;
+- one graph per (width, span) bucket, all captured when the engine makes the decoder (`prepare`,
+  issue #70: every width its drafts can take, every span up to the capacity, largest first into one
+  shared pool; `capture.py`), so no timed generation pays a capture; a bucket met later is captured
+  then (counted late); each is replayed after the round's inputs are copied in;
 - a batch of one (a lone request) runs its LM head inside the graph too (its rows are all real or
   few); a wider batch runs the LM head over the rows that are not padding, after the graph;
 - nothing is read back from the device: the real rows are picked by an index made on the host;
@@ -25,8 +27,10 @@ is captured, to measure what fusing a layer's elementwise kernels would give (a 
 is its kernel count: docs/gpu.md).
 
 With `graphs=False` (a CPU, or a GPU with graphs switched off) the same static computation runs
-eagerly: that is the path the CPU tests compare with the dynamic forward (equal logits in float64),
-so only the capture itself is left to `scripts/gpu_check.sh`. A width beyond the last bucket, or a
+eagerly: that is the path the CPU tests compare with the dynamic forward (equal logits in float64).
+`emulate=True` records `capture.EagerGraph`s on a CPU (a replay reruns the step into the outputs of
+its capture), so what surrounds a capture is tested there too; only the CUDA capture itself is left
+to `scripts/gpu_check.sh`. A width beyond the last bucket, or a
 row too long for the capacity, takes the dynamic forward.
 """
 
@@ -39,6 +43,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock, block_inputs, pick_rows
+from quickdraft.runtime.forward.capture import Capturer
 from quickdraft.sampling import greedy
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -53,24 +58,27 @@ class StaticBatchForward:
         target: the batched target (its cache is grown to `capacity` once, here).
         capacity: positions per row, preallocated (at most the model's context).
         graphs: capture CUDA graphs (default: when the model is on a CUDA device).
+        emulate: capture `capture.EagerGraph`s instead (a CPU: the tests).
     """
 
-    def __init__(self, target: BatchedTarget, capacity: int, graphs: bool | None = None) -> None:
+    def __init__(self, target: BatchedTarget, capacity: int, graphs: bool | None = None, emulate: bool = False) -> None:
         device = target.net.device
-        self.graphs = device.type == "cuda" if graphs is None else graphs
-        if self.graphs and device.type != "cuda":
+        self.cuda = (device.type == "cuda" if graphs is None else graphs) and not emulate  # CUDA graphs
+        if self.cuda and device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.graphs = self.cuda or emulate  # captured and replayed (emulated: `capture.EagerGraph`)
+        self.capturer = Capturer(emulate) if self.graphs else None
         self.target = target
         target.cache.ensure(min(capacity, target.cache.limit))
         self.capacity = target.cache.capacity
         self.head_inside = target.max_batch == 1  # the LM head in the graph: a lone request's rows
         self.forward = target.net.forward_batch
-        if self.graphs and os.environ.get("QUICKDRAFT_COMPILE") == "1":
+        if self.cuda and os.environ.get("QUICKDRAFT_COMPILE") == "1":
             self.forward = torch.compile(self.forward, dynamic=False)
         self.inputs: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self.captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.captured: dict[tuple[int, int], object] = {}  # (width, span) -> its graph
         self.pinned: dict[tuple[int, int], tuple[dict[str, torch.Tensor], torch.cuda.Event | None]] = {}
-        self.chains: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}  # span -> step
+        self.chains: dict[int, tuple[object, torch.Tensor]] = {}  # span -> its chain step's graph, next id
         self.replays = 0
         self.chain_steps = 0  # greedy_chain's steps (each one forward)
 
@@ -78,7 +86,7 @@ class StaticBatchForward:
         """Copy a round's inputs (host tensors) into the key's device buffers. On CUDA they pass through
         pinned host buffers of the same shapes (a pageable source makes each copy a staged, blocking
         one); an event recorded after the copies guards those buffers until the copies have run."""
-        if not self.graphs:
+        if not self.cuda:
             for name, value in values.items():
                 buf[name].copy_(value)
             return
@@ -105,6 +113,40 @@ class StaticBatchForward:
             span *= 2
         return min(span, self.capacity)
 
+    def spans(self) -> list[int]:
+        """Every span bucket, smallest first: FIRST_SPAN doubled up to the capacity."""
+        spans = [self.span(1)]
+        while spans[-1] < self.capacity:
+            spans.append(self.span(spans[-1] + 1))
+        return spans
+
+    @torch.inference_mode()
+    def prepare(self, max_width: int = WIDTHS[-1]) -> None:
+        """Capture every graph a generation can meet, before any runs (issue #70): each (width, span)
+        bucket up to `max_width` new rows a row and the capacity, and a lone request's chain step for
+        each span; largest first (smaller graphs reuse the shared pool's memory). A capture runs over
+        idle rows (each writes its own first positions and sees only itself), so no row may be running.
+        Nothing to do without graphs. Later captures count as late (`capturer.late`)."""
+        if not self.graphs:
+            return
+        if self.target.rows:
+            raise ValueError("prepare: rows are running (captures write the cache's first positions)")
+        top = self.bucket(min(max(1, max_width), WIDTHS[-1]))
+        slots = self.target.max_batch
+        starts = torch.zeros(slots, dtype=torch.long)
+        for span in reversed(self.spans()):
+            if self.head_inside and span not in self.chains:
+                self._chain_buffers(span, 0, 0, None)
+            for width in reversed([w for w in WIDTHS if w <= top]):
+                key = (width, span)
+                if key in self.captured:
+                    continue
+                ids, positions, mask, _ = block_inputs([RowBlock([0])] * slots, starts, width, span)
+                buf = self._buffers(key)
+                self._stage(key, buf, {"ids": ids, "positions": positions, "mask": mask, "starts": starts})
+                self.captured[key], buf["out"] = self.capturer(lambda b=buf: self._run(b), _inputs(buf))
+        self.capturer.warm = True
+
     def _buffers(self, key: tuple[int, int]) -> dict[str, torch.Tensor]:
         if key not in self.inputs:
             (width, span), b, dev = key, self.target.max_batch, self.target.net.device
@@ -122,23 +164,6 @@ class StaticBatchForward:
         cache.starts, cache.span, cache.groups = buf["starts"], span, None  # static: one call
         x = self.forward(cache, buf["ids"], buf["positions"], buf["mask"]).flatten(0, 1)
         return x, (self.target.single.logits(x) if self.head_inside else None)
-
-    def _capture(self, run: Callable[[], object], buf: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, object]:
-        """A CUDA graph of `run()` over `buf`, after a warm-up on a side stream (allocator, kernel
-        selection) whose writes to the inputs are undone; returns the graph and run's outputs."""
-        kept = {name: buf[name].clone() for name in ("ids", "positions", "mask", "starts")}
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        for name, value in kept.items():  # a chain step advances its inputs: back to where they were
-            buf[name].copy_(value)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = run()
-        return graph, out
 
     @torch.inference_mode()
     def __call__(self, blocks: Sequence[RowBlock]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,7 +184,7 @@ class StaticBatchForward:
         self._stage(key, buf, {"ids": ids, "positions": positions, "mask": mask, "starts": starts})
         if self.graphs:
             if key not in self.captured:
-                self.captured[key], buf["out"] = self._capture(lambda: self._run(buf), buf)
+                self.captured[key], buf["out"] = self.capturer(lambda: self._run(buf), _inputs(buf))
             self.captured[key].replay()
             x, logits = buf["out"]
         else:
@@ -203,7 +228,7 @@ class StaticBatchForward:
             buf["mask"][..., : held["mask"].shape[-1]].copy_(held["mask"])
             buf["mask"][0, 0].index_fill_(0, buf["starts"], True)  # its own column, past the held bucket
         if self.graphs and span not in self.chains:
-            self.chains[span] = self._capture(lambda: self._chain_step(buf), buf)
+            self.chains[span] = self.capturer(lambda: self._chain_step(buf), _inputs(buf))
         return buf
 
     @torch.inference_mode()
@@ -226,7 +251,7 @@ class StaticBatchForward:
         length, ahead = target.cache.lengths[0], (CHAIN_AHEAD if self.graphs else 1)
         limit = min(limit, self.capacity - length)
         pending: deque[tuple[torch.Tensor, torch.cuda.Event | None]] = deque()
-        ring = torch.empty(ahead + 1, dtype=torch.long, pin_memory=True) if self.graphs else None
+        ring = torch.empty(ahead + 1, dtype=torch.long, pin_memory=self.cuda) if self.graphs else None
         issued = taken = span = 0
         buf: dict[str, torch.Tensor] | None = None
         going = True
@@ -240,9 +265,10 @@ class StaticBatchForward:
                     graph, nxt = self.chains[span]
                     graph.replay()
                     slot = ring[issued % (ahead + 1)].view(1)  # read once `done` has passed, never reused before
-                    slot.copy_(nxt, non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record()
+                    slot.copy_(nxt, non_blocking=self.cuda)
+                    done = torch.cuda.Event() if self.cuda else None
+                    if done is not None:
+                        done.record()
                     pending.append((slot, done))
                 else:
                     pending.append((self._chain_step(buf), None))
@@ -256,3 +282,8 @@ class StaticBatchForward:
         target.num_forwards += issued
         self.chain_steps += issued
         return issued, taken
+
+
+def _inputs(buf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A bucket's input buffers (not its outputs): what a capture puts back after its warm-up."""
+    return {name: buf[name] for name in ("ids", "positions", "mask", "starts")}
