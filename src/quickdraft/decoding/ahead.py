@@ -2,9 +2,9 @@
 
 On a GPU the verify is one graph replay that runs while the host waits for its verdict: about
 1.8 ms on the H200, beside about 1 ms of host work a round that, done after the verdict, did not
-overlap it (docs/gpu.md). A drafter whose `propose_ahead` can draft for a guessed context without
-touching its state (the suffix and prompt-lookup drafters: host lookups) drafts the next round
-there, for the outcomes that commit most: a whole branch of the draft accepted, for its first
+overlap it (docs/gpu.md). Where a drafter `drafts_ahead` (the suffix and prompt-lookup drafters:
+host lookups that depend on the context only), a fork of it (the lane's drafter is left untouched)
+drafts the next round there, for the outcomes that commit most: a whole branch of the draft accepted, for its first
 `GUESSES` leaves (the first path's leaf first: drafters rank the better sibling first). Only those
 can be guessed: where a node is rejected, the target's token is one the draft did not hold. Each
 asks one node more than this round's budget, so the guessed branch's continuation starts with the
