@@ -1,6 +1,7 @@
 """OpenVINO GenAI as a bench peer (issue #69 item 4): plain decoding of the target's GGUF through its own
-GGUF reader, in a child process; an optional extra whose absence (or a reader that refuses the file) is
-a one-line skip, never a crash; its own plain decoding is its lossless reference."""
+GGUF reader, in a child process, and its prompt lookup (`openvino:lookup=N`); an optional extra whose
+absence (or a reader that refuses the file) is a one-line skip, never a crash; its own plain decoding
+is its lossless reference."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.peer_process import PeerSkipped
 from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+from quickdraft.errors import QuickdraftError
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."
 
@@ -25,6 +27,17 @@ def _missing(monkeypatch):
 
 def test_it_is_plain_decoding_of_its_own_weights():
     assert [s.text for s in _methods_with_ar("sd,openvino")] == ["ar", "sd", "openvino"]
+
+
+def test_its_prompt_lookup_is_compared_with_its_plain_decoding():
+    assert [s.text for s in _methods_with_ar("sd,openvino:lookup=4")] == ["ar", "openvino", "sd", "openvino:lookup=4"]
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "-2"])
+def test_a_bad_lookup_is_one_clear_line(tiny_target, bad):
+    with pytest.raises(QuickdraftError, match=r"lookup must be an integer >= 1") as exc:
+        build_method(parse_methods(f"openvino:lookup={bad}")[0], tiny_target, "float32")
+    assert "\n" not in str(exc.value)
 
 
 def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
@@ -51,3 +64,24 @@ def test_it_decodes_the_embedded_default_where_installed(tmp_path):
     peer = summary["methods"]["openvino"]
     assert peer["quantize"] == "openvino:gguf" and peer["lossless_match_rate"] == 1.0
     assert peer["tokens_per_s"] > 0 and peer["prefill_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_its_prompt_lookup_drafts_where_installed(tmp_path):
+    """`openvino:lookup=3` on a prompt whose answer repeats it: fewer forwards than tokens (drafts
+    were kept), its tokens compared with its own plain decoding's."""
+    if importlib.util.find_spec("openvino_genai") is None:
+        pytest.skip('the openvino extra is not installed (pip install -e ".[openvino]")')
+    from quickdraft.weights.loading import load_model
+
+    repeat = "Repeat this line exactly, three times: the quick brown fox jumps over the lazy dog."
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [repeat]}) + "\n")
+    config = BenchConfig(methods="ar,openvino,openvino:lookup=3", prompts=str(prompts), max_new_tokens=48, runs=1)
+    config.out = str(tmp_path / "out")
+    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    if "openvino" in summary.get("failed", {}):  # its reader may refuse the default's blocks: one line
+        return
+    lookup = summary["methods"]["openvino:lookup=3"]
+    assert lookup["quantize"] == "openvino:gguf" and lookup["mean_accepted_tokens"] > 1.0  # speculation happened
+    assert lookup["lossless_match_rate"] is not None

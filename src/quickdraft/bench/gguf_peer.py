@@ -67,7 +67,9 @@ class GgufPeer:
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         got = self.child.call("run", prompt=list(prompt_ids), max_new_tokens=max_new_tokens, eos=self.eos)
-        return RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
+        out = RunOutput(got["tokens"], got["wall_s"], got["forwards"], prefill_s=got.get("prefill_s"))
+        out.num_accepted = got.get("accepted", 0)  # a speculating peer's draft tokens kept
+        return out
 
     def close(self) -> None:
         self.child.close()

@@ -3,12 +3,14 @@ runtime that dies on this host ends this process only: `bench/peer_process.py`).
 
 Run by path, it imports the standard library, `peer_worker.py` (its loop), numpy and OpenVINO only. The protocol is
 llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
-- {"op": "load", "model", "threads"}: an `LLMPipeline` over the GGUF file (OpenVINO's own GGUF reader),
-  on the CPU with that many inference threads; replies its version;
-- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids (no chat
-  template: they are already the prompt), stopped at the EOS ids; replies the tokens (ended by the EOS
-  id, as our methods' are), the seconds (prefill included), the forwards (one a token) and its own
-  time to the first token (`prefill_s`);
+- {"op": "load", "model", "threads", "lookup"}: an `LLMPipeline` over the GGUF file (OpenVINO's own GGUF
+  reader), on the CPU with that many inference threads, with prompt lookup when `lookup` > 0; replies
+  its version;
+- {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy decoding from the prompt ids (no chat
+  template: they are already the prompt), plain or with prompt lookup (`lookup` tokens drafted a step
+  from 3-grams), stopped at the EOS ids; replies the tokens (ended by the EOS id, as our methods' are),
+  the seconds (prefill included), the forwards (plain: one a token; prompt lookup: its steps, from its
+  count of tokens a step) and its own time to the first token (`prefill_s`);
 - {"op": "close"}: exit.
 """
 
@@ -19,12 +21,14 @@ import time
 
 class Peer:
     def __init__(self) -> None:
-        self.pipe = None
+        self.pipe, self.lookup = None, 0
 
-    def load(self, model: str, threads: int) -> dict:
+    def load(self, model: str, threads: int, lookup: int = 0) -> dict:
         import openvino_genai
 
-        self.pipe = openvino_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads)
+        self.lookup = lookup
+        extra = {"prompt_lookup": True} if lookup else {}
+        self.pipe = openvino_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, **extra)
         return {"ok": True, "system_info": f"OpenVINO GenAI {openvino_genai.__version__} (CPU plugin)"}
 
     def run(self, prompt: list[int], max_new_tokens: int, eos: list[int]) -> dict:
@@ -37,6 +41,8 @@ class Peer:
         config = openvino_genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
         config.apply_chat_template = False
         config.stop_token_ids = set(eos)
+        if self.lookup:
+            config.num_assistant_tokens, config.max_ngram_size = self.lookup, 3
         start = time.perf_counter()
         result = self.pipe.generate(inputs, config)
         wall = time.perf_counter() - start
@@ -44,7 +50,10 @@ class Peer:
         if len(out) < max_new_tokens and (not out or out[-1] not in eos):  # stopped at an EOS it left out
             out.append(eos[0])
         prefill = result.perf_metrics.get_ttft().mean / 1e3
-        return {"ok": True, "tokens": out, "wall_s": wall, "forwards": len(out), "prefill_s": prefill}
+        sizes = list(result.perf_metrics.raw_metrics.m_batch_sizes) if self.lookup else [1] * len(out)
+        accepted = sum(max(0, size - 1) for size in sizes)  # tokens a step beyond the one it computes
+        reply = {"ok": True, "tokens": out, "wall_s": wall, "forwards": max(1, len(sizes)), "prefill_s": prefill}
+        return {**reply, "accepted": accepted}
 
 
 if __name__ == "__main__":
