@@ -29,14 +29,25 @@ def test_it_is_plain_decoding_of_its_own_weights():
     assert [s.text for s in _methods_with_ar("sd,openvino")] == ["ar", "sd", "openvino"]
 
 
-def test_its_prompt_lookup_is_compared_with_its_plain_decoding():
-    assert [s.text for s in _methods_with_ar("sd,openvino:lookup=4")] == ["ar", "openvino", "sd", "openvino:lookup=4"]
+@pytest.mark.parametrize("spec", ["openvino:lookup=4", "openvino:draft=qwen2.5-coder-0.5b"])
+def test_its_speculation_is_compared_with_its_plain_decoding(spec):
+    assert [s.text for s in _methods_with_ar(f"sd,{spec}")] == ["ar", "openvino", "sd", spec]
 
 
-@pytest.mark.parametrize("bad", ["0", "x", "-2"])
-def test_a_bad_lookup_is_one_clear_line(tiny_target, bad):
-    with pytest.raises(QuickdraftError, match=r"lookup must be an integer >= 1") as exc:
-        build_method(parse_methods(f"openvino:lookup={bad}")[0], tiny_target, "float32")
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("openvino:lookup=0", "lookup must be an integer >= 1"),
+        ("openvino:lookup=x", "lookup must be an integer >= 1"),
+        ("openvino:draft=nowhere.gguf", "draft= takes a named model"),
+        ("openvino:draft=qwen2.5-coder-0.5b,lookup=3", "choose one"),
+        ("openvino:draft_max=3", "draft_max needs draft="),
+        ("openvino:draft=qwen2.5-coder-0.5b,draft_max=-1", "draft_max must be an integer >= 1"),
+    ],
+)
+def test_bad_speculation_keys_are_one_clear_line(tiny_target, text, why):
+    with pytest.raises(QuickdraftError, match=why) as exc:
+        build_method(parse_methods(text)[0], tiny_target, "float32")
     assert "\n" not in str(exc.value)
 
 
@@ -85,3 +96,27 @@ def test_its_prompt_lookup_drafts_where_installed(tmp_path):
     lookup = summary["methods"]["openvino:lookup=3"]
     assert lookup["quantize"] == "openvino:gguf" and lookup["mean_accepted_tokens"] > 1.0  # speculation happened
     assert lookup["lossless_match_rate"] is not None
+
+
+@pytest.mark.slow
+def test_its_draft_model_speculation_where_installed(tmp_path, monkeypatch):
+    """`openvino:draft=FILE.gguf` with the target's own file as its draft (requantized to Q8_0 and
+    converted to an OpenVINO folder once, in the cache): drafts kept, fewer forwards than tokens."""
+    if importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip('needs the openvino and peers extras (pip install -e ".[openvino,peers]")')
+    from quickdraft.weights.loading import load_model
+
+    target = load_model(None, "bfloat16")
+    if target.gguf is None:
+        pytest.skip("the embedded default was not loaded from a GGUF file")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
+    spec = f"openvino:draft={target.gguf},draft_max=4"
+    config = BenchConfig(methods=f"ar,openvino,{spec}", prompts=str(prompts), max_new_tokens=32, runs=1)
+    config.out = str(tmp_path / "out")
+    summary = run_bench(config, target, progress=False)
+    if "openvino" in summary.get("failed", {}) or spec in summary.get("failed", {}):  # a refused file: one line
+        assert all("\n" not in why for why in summary["failed"].values())
+        return
+    drafted = summary["methods"][spec]
+    assert drafted["quantize"] == "openvino:gguf" and drafted["mean_accepted_tokens"] > 1.0  # speculation happened

@@ -188,8 +188,8 @@ def command(
     return cmd
 
 
-def draft_gguf(name: str) -> Path:
-    """The draft's GGUF: a named model's joined file, or a path to one."""
+def draft_gguf(name: str, method: str = "llama-cpp") -> Path:
+    """The draft's GGUF: a named model's joined file, or a path to one (`method` names the peer asking)."""
     from quickdraft.weights.default import NAMED_TARGETS, named_gguf
 
     if name in NAMED_TARGETS:
@@ -197,7 +197,7 @@ def draft_gguf(name: str) -> Path:
     path = Path(name).expanduser()
     if path.suffix != ".gguf" or not path.is_file():
         raise QuickdraftError(
-            f"llama-cpp:draft= takes a named model ({', '.join(NAMED_TARGETS)}) or a FILE.gguf, not {name!r}"
+            f"{method}:draft= takes a named model ({', '.join(NAMED_TARGETS)}) or a FILE.gguf, not {name!r}"
         )
     return path
 
