@@ -127,6 +127,48 @@ def test_the_default_choice_never_takes_an_inexact_kernel(monkeypatch):
     assert linear._measure((64, 32), [], exact=False) is None
 
 
+def _call(kind, w: torch.Tensor):
+    """The k-row call of `kind` over the weight w: a packed kernel, "rows" or F.linear (None)."""
+    if kind in linear.KINDS:
+        packed = linear._pack(w, kind)
+        return lambda x: linear._packed_call(x, packed, kind, w.shape[0])
+    if kind == "rows":
+        return lambda x: torch.cat([F.linear(r, w) for r in x.split(1)])
+    return lambda x: F.linear(x, w)
+
+
+# the embedded default's and the 1.5B's shapes: oneDNN's bf16 matmul on an AMD EPYC is exact at the first,
+# where `packing` probes, and not at the second (its down projection) nor the 1.5B's
+SHAPES = [(1536, 576), (576, 1536), (960, 576), (8960, 1536), (1536, 8960)]
+
+
+@pytest.mark.parametrize("host_choice", [k for k in linear.KINDS if linear._available(k)])
+def test_every_shape_takes_a_kernel_exact_at_that_shape(host_choice, monkeypatch):
+    """Whatever this host's choice (`packing`), a linear of each shape takes a kernel whose k-row calls
+    give its one-row bits at that shape (`kind_for`), so a verify rounds as the one-row step in every
+    layer; where the choice itself is not exact at a shape, another kernel is taken there."""
+    monkeypatch.setattr(linear, "packing", lambda shape=None: host_choice)
+    x = torch.randn(max(linear.EXACT_PROBE_ROWS), 8960, dtype=torch.bfloat16)
+    for shape in SHAPES:
+        w = torch.randn(shape, dtype=torch.bfloat16)
+        kind = linear.kind_for(shape)
+        assert linear._exact(_call(kind, w), x[:, : shape[1]].contiguous()), (host_choice, shape, kind)
+        if not linear._exact(_call(host_choice, w), x[:, : shape[1]].contiguous()):
+            assert kind != host_choice  # the choice was not exact here: another kernel took it
+
+
+def test_the_kernel_a_shape_takes_falls_back_in_order(monkeypatch):
+    """kind_for's truth table over a made-up exactness: the host's choice where exact, else the other
+    packed kernel, else F.linear (None), else "rows"; a forced kernel or `fastest` is taken as it is."""
+    exact = {"onednn": {(4, 4)}, "fused": {(4, 4), (8, 4)}, None: {(4, 4), (8, 4), (16, 4)}}
+    monkeypatch.setattr(linear, "packing", lambda shape=None: "onednn")
+    monkeypatch.setattr(linear, "_available", lambda kind: True)
+    monkeypatch.setattr(linear, "exact_at", lambda shape, kind: shape in exact[kind])
+    assert [linear.kind_for(s) for s in [(4, 4), (8, 4), (16, 4), (32, 4)]] == ["onednn", "fused", None, "rows"]
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fastest")  # the opt-in trade: its kernel everywhere
+    assert linear.kind_for((32, 4)) == "onednn"
+
+
 def test_the_rows_kernel_gives_one_row_bits(monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "rows")
     w = torch.randn(40, 32, dtype=torch.bfloat16)

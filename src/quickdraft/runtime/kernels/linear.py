@@ -9,8 +9,9 @@ floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 m
 5.8 with oneDNN's at one row (28 against 18 GB/s) and 6.5 against 7.6 ms at 17 rows; the LM head
 1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
 one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
-`packing()` times the candidates on a model-sized weight at 1 and 9 rows;
-`QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the
+`packing()` times the candidates on a model-sized weight at 1 and 9 rows, and each weight shape then
+takes that kernel where it is exact at that shape too, else another exact one (`kind_for`: a kernel's
+rounding can change with the shape); `QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the
 first packed one).
 
 Packed weights are copies made at load time (bf16, inference only): a forward that needs gradients,
@@ -125,6 +126,13 @@ def _measure(shape: tuple[int, int], candidates: list[str], exact: bool = True) 
     return min(paying, key=lambda k: sum(best[k])) if paying else None
 
 
+def _host_key(shape: tuple[int, int]) -> str:
+    """This host, thread count, torch and fused build, and a weight shape: what a kept choice is for."""
+    fused = kernels.build_dir().name if kernels.fused_ops() is not None else "none"
+    raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"
+    return raw + f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}"
+
+
 def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = True) -> str | None:
     """The choice kept for this host (CPU, threads, torch, the fused kernels' build) in the cache
     folder (`host.kept`), `measure()`d and written the first time or when the kept one is no
@@ -132,9 +140,7 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = 
     QUICKDRAFT_PACKED_LINEAR."""
     from quickdraft.host import cache_dir
 
-    fused = kernels.build_dir().name if kernels.fused_ops() is not None else "none"
-    raw = f"{cpu_model()}-{torch.backends.cpu.get_cpu_capability()}-t{torch.get_num_threads()}"
-    raw += f"-torch{torch.__version__}-fused{fused}-{shape[0]}x{shape[1]}" + ("-exact" if exact else "-fastest")
+    raw = _host_key(shape) + ("-exact" if exact else "-fastest")
 
     def decode(stored: dict) -> str | None:
         choice = stored["choice"]
@@ -143,6 +149,48 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = 
         return choice
 
     return kept(cache_dir() / "costs" / f"packing-{safe_name(raw)}.json", measure, lambda c: {"choice": c}, decode)
+
+
+def kind_for(shape: tuple[int, int]) -> str | None:
+    """The kernel a bf16 linear over an (out, in) weight takes: `packing()`'s, where in the exact
+    default it is exact at this shape too (`exact_at`: a kernel's blocking, and with it its rounding,
+    changes with the shape; oneDNN's bf16 matmul on an AMD EPYC is exact at 1536x576, where `packing`
+    probes, and not at 576x1536, the embedded default's down projection); else the other packed kernel
+    where that one is; else `F.linear` where it is; else "rows". A forced kernel and the `fastest`
+    opt-in are taken as they are."""
+    kind = packing()
+    if kind not in KINDS or os.environ.get("QUICKDRAFT_PACKED_LINEAR") is not None:
+        return kind
+    for candidate in (kind, *(k for k in KINDS if k != kind and _available(k)), None):
+        if exact_at(tuple(shape), candidate):
+            return candidate
+    return "rows"
+
+
+_EXACT_AT: dict[tuple, bool] = {}
+
+
+def exact_at(shape: tuple[int, int], kind: str | None) -> bool:
+    """Whether packed `kind` (None: `F.linear`) gives an (out, in) weight's k-row calls the bits of its
+    one-row calls (`_exact` on a random weight of that shape); probed once per shape, host and thread
+    count, and kept in the cache folder beside the `packing` choice."""
+    key = (shape, kind, torch.get_num_threads())
+    if key not in _EXACT_AT:
+
+        def probe() -> bool:
+            with torch.inference_mode():
+                w = torch.randn(shape, dtype=torch.bfloat16)
+                x = torch.randn(max(EXACT_PROBE_ROWS), shape[1], dtype=torch.bfloat16)
+                if kind is None:
+                    return _exact(lambda r: F.linear(r, w), x)
+                packed = _pack(w, kind)
+                return _exact(lambda r: _packed_call(r, packed, kind, shape[0]), x)
+
+        from quickdraft.host import cache_dir
+
+        path = cache_dir() / "costs" / f"exact-{safe_name(_host_key(shape) + '-' + (kind or 'F.linear'))}.json"
+        _EXACT_AT[key] = bool(kept(path, probe, lambda ok: {"exact": ok}, lambda stored: bool(stored["exact"])))
+    return _EXACT_AT[key]
 
 
 def packed_pays(shape: tuple[int, int] = (1536, 576)) -> bool:
@@ -174,7 +222,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, pack: bool = False) -> None:
         self.weight = weight
         usable = pack and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
-        self.kind = packing() if usable else None
+        self.kind = kind_for(tuple(weight.shape)) if usable else None
         self.packed = _pack(weight, self.kind) if self.kind in KINDS else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,7 +259,10 @@ def fuse_rows(parts: list) -> list:
     and plain Linears on a GPU over a concatenated copy of their weights (rows are independent: the
     result is the parts' outputs side by side). Returns [fused] or the parts."""
     if all(isinstance(p, Linear) and p.packed is not None for p in parts) and len({p.kind for p in parts}) == 1:
-        return [PackedRows(list(parts))]
+        shape = (sum(p.weight.shape[0] for p in parts), parts[0].weight.shape[1])
+        if kind_for(shape) == parts[0].kind:  # exact over the concatenated rows too
+            return [PackedRows(list(parts))]
+        return list(parts)
     if all(type(p) is Linear and p.packed is None and p.weight.device.type == "cuda" for p in parts):
         # a GPU's small-batch GEMMs cost a launch each (issue #50): one over the rows, a copy of them
         return [Linear(torch.cat([p.weight for p in parts]))]
