@@ -157,6 +157,20 @@ def test_every_shape_takes_a_kernel_exact_at_that_shape(host_choice, monkeypatch
             assert kind != host_choice  # the choice was not exact here: another kernel took it
 
 
+def test_the_shape_test_fails_the_rule_before_it(monkeypatch):
+    """Negative control: with every shape taking the host's choice (the rule before `kind_for`), the
+    test above fails on a host where oneDNN is not exact at one of SHAPES (an AMD EPYC: 576x1536)."""
+    if not linear._supported():
+        pytest.skip("no oneDNN bf16 kernel on this host")
+    x = torch.randn(max(linear.EXACT_PROBE_ROWS), 8960, dtype=torch.bfloat16)
+    weights = [torch.randn(shape, dtype=torch.bfloat16) for shape in SHAPES]
+    if all(linear._exact(_call("onednn", w), x[:, : w.shape[1]].contiguous()) for w in weights):
+        pytest.skip("oneDNN is exact at every shape here: nothing for the control to catch")
+    monkeypatch.setattr(linear, "kind_for", lambda shape: "onednn")
+    with pytest.raises(AssertionError):
+        test_every_shape_takes_a_kernel_exact_at_that_shape("onednn", monkeypatch)
+
+
 def test_the_kernel_a_shape_takes_falls_back_in_order(monkeypatch):
     """kind_for's truth table over a made-up exactness: the host's choice where exact, else the other
     packed kernel, else F.linear (None), else "rows"; a forced kernel or `fastest` is taken as it is."""
