@@ -24,6 +24,13 @@ def test_it_is_plain_decoding_of_its_own_weights():
         parse_methods("ik-llama-cpp:lookup=2")
 
 
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_a_bad_repack_is_one_clear_line(tiny_target, value):
+    with pytest.raises(QuickdraftError, match="repack must be 0 or 1") as exc:
+        build_method(parse_methods(f"ik-llama-cpp:repack={value}")[0], tiny_target, "float32")
+    assert "\n" not in str(exc.value)
+
+
 def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -81,3 +88,25 @@ def test_the_install_script_adds_the_sdists_missing_build_script(tmp_path):
     script = tmp_path / "vendor/ik_llama.cpp/common/cmake/build-info-gen-cpp.cmake"
     assert "configure_file" in script.read_text() and "build-info.cpp.in" in script.read_text()
     assert module.patch(tmp_path) is False  # already there: left as it is
+
+
+@pytest.mark.slow
+def test_its_repacked_copy_where_installed(tmp_path):
+    """`ik-llama-cpp:repack=1` on the 1.5B's Q4_K_M file (where it is prepared): a copy whose Q4_K and Q6_K
+    tensors take their interleaved types, decoded as plain decoding of the same weights."""
+    if importlib.util.find_spec("ik_llama_cpp") is None:
+        pytest.skip('the ik extra is not installed (pip install -e ".[ik]")')
+    from gguf import GGUFReader
+
+    from quickdraft.bench.ik_llama_cpp import repacked
+    from quickdraft.weights.default import named_gguf
+
+    try:
+        source = named_gguf("qwen2.5-coder-1.5b")
+    except QuickdraftError as exc:
+        pytest.skip(f"the 1.5B is not prepared here: {exc}")
+    copy = repacked(source, "ik-llama-cpp:repack=1")
+    assert copy != source and abs(copy.stat().st_size - source.stat().st_size) < 0.01 * source.stat().st_size
+    assert {t.tensor_type.name for t in GGUFReader(source).tensors} >= {"Q4_K", "Q6_K"}
+    with pytest.raises(ValueError):  # its tensors have ik_llama.cpp's interleaved types, unknown to gguf-py
+        GGUFReader(copy)

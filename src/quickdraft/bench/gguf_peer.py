@@ -44,9 +44,10 @@ class GgufPeer:
             raise QuickdraftError(f"{spec.text}: the target {target.name} was not loaded from a GGUF file")
         self.spec = spec
         self.eos = sorted(target.eos_token_ids)
+        model, fields = self.model_path(target), self.load_fields(target)  # before the child: either may skip
         self.child = ChildPeer(spec.text, self.worker)
         try:
-            loaded = self.child.call("load", model=str(target.gguf), **self.load_fields(target))
+            loaded = self.child.call("load", model=str(model), **fields)
         except PeerCrashed:
             self.child.close()
             raise
@@ -54,6 +55,10 @@ class GgufPeer:
             self.child.close()
             raise PeerSkipped(f"skipped: {exc}") from None
         self.system_info = loaded["system_info"]
+
+    def model_path(self, target: LoadedModel) -> Path:
+        """The file the worker loads: the target's own GGUF."""
+        return target.gguf
 
     def load_fields(self, target: LoadedModel) -> dict:
         """What the worker's load request carries besides the model's path: the bench's threads."""

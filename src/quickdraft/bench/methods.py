@@ -8,8 +8,9 @@ own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "h
 (assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule), and llama.cpp
 on the target's GGUF: "llama-cpp" (keys quantize=gguf|q4_0|q4_1|q8_0|bf16 and lookup=N;
 bench/llama_cpp.py), and its own draft-model speculation (draft=NAME|FILE.gguf, draft_max, draft_min,
-p_min; bench/llama_spec.py); "ik-llama-cpp" and "openvino" (keys lookup=N: OpenVINO GenAI's prompt
-lookup; draft=NAME|FILE.gguf and draft_max=N: its draft-model speculation) on the same file. Every
+p_min; bench/llama_spec.py); "ik-llama-cpp" (key repack=1: its rows interleaved) and "openvino" (keys
+lookup=N: OpenVINO GenAI's prompt lookup; draft=NAME|FILE.gguf and draft_max=N: its draft-model
+speculation) on the same file. Every
 method of ours also takes `runtime` and `quantize` (a quantized target: `ar:quantize=int4`,
 `sd:quantize=gguf`), and `temperature`, `top_k`, `top_p`: a sampled run
 (`sd:temperature=0.8`; seeded per run, so reproducible; its rows are never compared token for token,
@@ -40,7 +41,7 @@ PEERS = {
     "hf-ar": (),
     "hf-assisted": ("drafter", "draft_length", "schedule"),
     "llama-cpp": (*LLAMA_CPP_KEYS, *SPEC_KEYS),
-    "ik-llama-cpp": (),
+    "ik-llama-cpp": ("repack",),
     "openvino": ("lookup", "draft", "draft_max"),
 }
 KEYS = {**{name: m.options for name, m in METHODS.items()}, **PEERS}

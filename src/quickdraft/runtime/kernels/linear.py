@@ -11,8 +11,8 @@ floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 m
 one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
 `packing()` times the candidates on a model-sized weight at 1 and 9 rows, and each weight shape then
 takes that kernel where it is exact at that shape too, else another exact one (`kind_for`: a kernel's
-rounding can change with the shape); `QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule, `=0|1|fused|onednn|rows` forces a kernel (1: the
-first packed one).
+rounding can change with the shape); `QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule,
+`=0|1|fused|onednn|rows` forces a kernel (1: the first packed one).
 
 Packed weights are copies made at load time (bf16, inference only): a forward that needs gradients,
 or a dtype other than bf16, uses `F.linear` on the live weight.
