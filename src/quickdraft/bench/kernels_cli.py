@@ -48,19 +48,21 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[int], tuple[int, i
     return forms, rows, (out, k)
 
 
-def host_lines() -> list[str]:
-    """The host kind, the fused kernels' level and the bf16 linear the runtime takes here."""
+def host_lines(shape: tuple[int, int]) -> list[str]:
+    """The host kind, the fused kernels' level, the bf16 linear the runtime chose for this host and the
+    one a weight of `shape` takes (another where the host's is not exact at that shape)."""
     from quickdraft.bench.runner import machine_info
     from quickdraft.runtime import kernels
-    from quickdraft.runtime.kernels.linear import packing
+    from quickdraft.runtime.kernels.linear import kind_for, packing
 
     info = machine_info()
     level = kernels.chosen_level() if kernels.fused_ops() is not None else "none (no fused kernels)"
     return [
         f"host: {info['cpu']} ({', '.join(info['cpu_flags']) or 'no AVX2'}), {info['threads']} threads, "
         f"torch {info['torch']} ({info['cpu_capability']})",
-        f"fused kernels: {level}; bf16 linears take: {packing() or 'F.linear'} (the lossless default: one exact "
-        "kernel at every width, so a verify rounds as the one-row step)",
+        f"fused kernels: {level}; bf16 linears take: {packing() or 'F.linear'}, and at {shape[0]}x{shape[1]} "
+        f"{kind_for(shape) or 'F.linear'} (the lossless default: a kernel exact at every width for each weight "
+        "shape, so a verify rounds as the one-row step)",
     ]
 
 
@@ -72,7 +74,7 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     forms, rows, shape = _parse(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    head = host_lines()
+    head = host_lines(shape)
     print("\n".join(head), flush=True)
     points = kernel_curve.measure(forms, rows, shape, args.rounds, lambda s: print(s, file=sys.stderr, flush=True))
     note = (
