@@ -53,7 +53,7 @@ def repacked(gguf: Path, label: str) -> Path:
     """`gguf` with its rows interleaved for ik_llama.cpp (its `llama-quantize --repack` of type COPY, 2
     threads: every tensor keeps its type, those with an interleaved variant take it), made once into
     the quickdraft cache; a missing tool or a failed repack is a one-line skip."""
-    out = cache_dir() / "ik_llama_cpp" / f"{gguf.stem}-r4.gguf"
+    out = cache_dir() / "ik_llama_cpp" / f"{gguf.stem}-{gguf.stat().st_size}-r4.gguf"  # two files, one name: apart
     if out.is_file():
         return out
     spec = importlib.util.find_spec("ik_llama_cpp")

@@ -80,7 +80,7 @@ def openvino_draft(gguf: Path, label: str) -> Path:
     IR and tokenizers written beside it). A missing quantizer is a one-line skip."""
     from quickdraft.bench.llama_cpp import quantized_copy
 
-    folder = cache_dir() / "openvino" / f"{gguf.stem}-{DRAFT_QUANT}"
+    folder = cache_dir() / "openvino" / f"{gguf.stem}-{gguf.stat().st_size}-{DRAFT_QUANT}"
     if (folder / "openvino_model.xml").is_file():
         return folder
     try:
