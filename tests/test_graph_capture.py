@@ -112,3 +112,15 @@ def test_prepare_refuses_running_rows_and_does_nothing_eagerly():
     target.adopt()
     with pytest.raises(ValueError, match="rows are running"):
         StaticBatchForward(target, 512, emulate=True).prepare()
+
+
+def test_prepare_leaves_out_widths_the_capacity_cannot_hold():
+    """A cache of 48 positions: widths of 64 never run static (they take the dynamic forward), so the
+    warm-up captures up to 32, and nothing writes past the cache."""
+    model = _model().model
+    model.config.max_position_embeddings = 48  # a model whose context is 48 positions
+    target = BatchedTarget(NativeCachedModel(model), 1)
+    static = StaticBatchForward(target, 48, emulate=True)
+    static.prepare(64)
+    assert static.capacity == 48 and static.spans() == [48]
+    assert sorted(w for w, _ in static.captured) == [1, 2, 4, 8, 16, 32]

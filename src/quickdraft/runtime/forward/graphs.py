@@ -137,7 +137,7 @@ class StaticBatchForward:
         for span in reversed(self.spans()):
             if self.head_inside and span not in self.chains:
                 self._chain_buffers(span, 0, 0, None)
-            for width in reversed([w for w in WIDTHS if w <= top]):
+            for width in reversed([w for w in WIDTHS if w <= top and w < self.capacity]):  # others run dynamic
                 key = (width, span)
                 if key in self.captured:
                     continue
