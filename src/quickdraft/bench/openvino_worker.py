@@ -23,14 +23,14 @@ import time
 
 class Peer:
     def __init__(self) -> None:
-        self.pipe, self.lookup, self.ngrams = None, 0, False
+        self.pipe, self.drafted, self.ngrams = None, 0, False  # tokens drafted a step (0: plain)
 
     def load(self, model: str, threads: int, lookup: int = 0, draft_folder: str = "", draft_max: int = 5) -> dict:
         import os
 
         import openvino_genai
 
-        self.lookup, self.ngrams, extra = lookup or (draft_max if draft_folder else 0), bool(lookup), {}
+        self.drafted, self.ngrams, extra = lookup or (draft_max if draft_folder else 0), bool(lookup), {}
         if lookup:
             extra["prompt_lookup"] = True
         if draft_folder:
@@ -53,8 +53,8 @@ class Peer:
         config = openvino_genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
         config.apply_chat_template = False
         config.stop_token_ids = set(eos)
-        if self.lookup:  # tokens drafted a step (by prompt lookup, from 3-grams, or by the draft model)
-            config.num_assistant_tokens = self.lookup
+        if self.drafted:  # by prompt lookup (from 3-grams) or by the draft model
+            config.num_assistant_tokens = self.drafted
         if self.ngrams:
             config.max_ngram_size = 3
         start = time.perf_counter()
@@ -64,7 +64,7 @@ class Peer:
         if len(out) < max_new_tokens and (not out or out[-1] not in eos):  # stopped at an EOS it left out
             out.append(eos[0])
         prefill = result.perf_metrics.get_ttft().mean / 1e3
-        sizes = list(result.perf_metrics.raw_metrics.m_batch_sizes) if self.lookup else [1] * len(out)
+        sizes = list(result.perf_metrics.raw_metrics.m_batch_sizes) if self.drafted else [1] * len(out)
         accepted = sum(max(0, size - 1) for size in sizes)  # tokens a step beyond the one it computes
         reply = {"ok": True, "tokens": out, "wall_s": wall, "forwards": max(1, len(sizes)), "prefill_s": prefill}
         return {**reply, "accepted": accepted}

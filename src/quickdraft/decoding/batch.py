@@ -213,8 +213,8 @@ class BatchDecoder:
         static = self.target.static
         ahead = static is not None and static.graphs and os.environ.get("QUICKDRAFT_AHEAD") != "0"
         loop = RoundLoop(self.target, self.plan, guard=self.guard, price=self._price, label_rows=True, ahead=ahead)
-        if self.target.static is not None:
-            self.lone.begin_round(self.target.static)
+        if static is not None:
+            self.lone.begin_round(static)
         rooms = [row.collector.stop.max_new_tokens - len(row.collector.tokens) - 1 for row in self.rows]
         rounds = loop.step(self.rows, rooms)
         return [

@@ -71,9 +71,8 @@ class Capturer:
         start = time.perf_counter()
         kept = {name: value.clone() for name, value in inputs.items()}
         reserved = 0 if self.emulate else torch.cuda.memory_reserved()
-        if self.emulate:
+        if self.emulate:  # its one run is the warm-up
             graph: Any = EagerGraph(run)
-            out = graph.out
         else:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -81,13 +80,14 @@ class Capturer:
                 for _ in range(2):
                     run()
             torch.cuda.current_stream().wait_stream(stream)
-            for name, value in kept.items():  # before capturing: a chain step advanced its inputs
-                inputs[name].copy_(value)
+        for name, value in kept.items():  # the warm-up advanced a chain step's inputs: put them back
+            inputs[name].copy_(value)
+        if self.emulate:
+            out = graph.out
+        else:  # recorded, not run: the inputs stay as they are
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 out = run()
-        for name, value in kept.items():  # a capture never moves the inputs
-            inputs[name].copy_(value)
         if not self.emulate:
             self.bytes += torch.cuda.memory_reserved() - reserved
         self.seconds += time.perf_counter() - start

@@ -144,7 +144,7 @@ class StaticBatchForward:
                 ids, positions, mask, _ = block_inputs([RowBlock([0])] * slots, starts, width, span)
                 buf = self._buffers(key)
                 self._stage(key, buf, {"ids": ids, "positions": positions, "mask": mask, "starts": starts})
-                self.captured[key], buf["out"] = self.capturer(lambda b=buf: self._run(b), _inputs(buf))
+                self._capture(key, buf)
         self.capturer.warm = True
 
     def _buffers(self, key: tuple[int, int]) -> dict[str, torch.Tensor]:
@@ -165,6 +165,10 @@ class StaticBatchForward:
         x = self.forward(cache, buf["ids"], buf["positions"], buf["mask"]).flatten(0, 1)
         return x, (self.target.single.logits(x) if self.head_inside else None)
 
+    def _capture(self, key: tuple[int, int], buf: dict[str, torch.Tensor]) -> None:
+        """The (width, span) bucket's graph over its staged buffers, its outputs kept in `buf["out"]`."""
+        self.captured[key], buf["out"] = self.capturer(lambda: self._run(buf), _inputs(buf))
+
     @torch.inference_mode()
     def __call__(self, blocks: Sequence[RowBlock]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(sum n_b, H) the final-normed states of the blocks' rows, as `BatchedTarget.states_dynamic`,
@@ -184,7 +188,7 @@ class StaticBatchForward:
         self._stage(key, buf, {"ids": ids, "positions": positions, "mask": mask, "starts": starts})
         if self.graphs:
             if key not in self.captured:
-                self.captured[key], buf["out"] = self.capturer(lambda: self._run(buf), _inputs(buf))
+                self._capture(key, buf)
             self.captured[key].replay()
             x, logits = buf["out"]
         else:
