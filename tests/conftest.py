@@ -229,3 +229,18 @@ def int8_rows(x: torch.Tensor) -> torch.Tensor:
     xf = F.pad(x.float(), (0, blocks * 32 - k)).view(n, blocks, 32)
     sx = xf.abs().amax(dim=-1, keepdim=True) / 127
     return (torch.round(xf / sx) * sx).view(n, blocks * 32)[:, :k]
+
+
+def bench_one_prompt(tmp_path, methods: str, text: str, max_new_tokens: int, target: LoadedModel | None = None):
+    """`run_bench` of `methods` on one prompt (`text`), one run, on `target` (default: the embedded
+    default in bf16); its summary."""
+    import json
+
+    from quickdraft.bench.runner import BenchConfig, run_bench
+    from quickdraft.weights.loading import load_model
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [text]}) + "\n")
+    config = BenchConfig(methods=methods, prompts=str(prompts), max_new_tokens=max_new_tokens, runs=1)
+    config.out = str(tmp_path / "out")
+    return run_bench(config, target or load_model(None, "bfloat16"), progress=False)

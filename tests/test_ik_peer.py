@@ -5,14 +5,15 @@ report, never a crash; its own plain decoding is its lossless reference, as llam
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
 from quickdraft import QuickdraftError
 from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.peer_process import PeerSkipped
-from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+from quickdraft.bench.runner import _methods_with_ar
+
+from conftest import bench_one_prompt
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."
 
@@ -44,17 +45,11 @@ def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
 def test_the_bench_goes_on_without_it(monkeypatch, tmp_path):
     """A run asking for ik-llama-cpp where it is not installed: the other methods run, the report
     names the skip in one line."""
-    from quickdraft.weights.loading import load_model
-
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "ik_llama_cpp" else real(name, *a)
     )
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
-    config = BenchConfig(methods="ar,ik-llama-cpp", prompts=str(prompts), max_new_tokens=4, runs=1)
-    config.out = str(tmp_path / "out")
-    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    summary = bench_one_prompt(tmp_path, "ar,ik-llama-cpp", PROMPT, 4)
     assert "ar" in summary["methods"] and "ik-llama-cpp" not in summary["methods"]
     assert "not installed" in summary["failed"]["ik-llama-cpp"]
 
@@ -63,13 +58,7 @@ def test_the_bench_goes_on_without_it(monkeypatch, tmp_path):
 def test_it_decodes_the_embedded_default_where_installed(tmp_path):
     if importlib.util.find_spec("ik_llama_cpp") is None:  # found, not imported: it loads in its child
         pytest.skip('the ik extra is not installed (pip install -e ".[ik]")')
-    from quickdraft.weights.loading import load_model
-
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
-    config = BenchConfig(methods="ar,ik-llama-cpp", prompts=str(prompts), max_new_tokens=16, runs=1)
-    config.out = str(tmp_path / "out")
-    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    summary = bench_one_prompt(tmp_path, "ar,ik-llama-cpp", PROMPT, 16)
     peer = summary["methods"]["ik-llama-cpp"]
     assert peer["quantize"] == "ik-llama-cpp:gguf" and peer["lossless_match_rate"] == 1.0
     assert 0.0 <= peer["agreement_with_ar"] <= 1.0 and peer["tokens_per_s"] > 0 and peer["prefill_tokens_per_s"] > 0

@@ -6,14 +6,15 @@ is its lossless reference."""
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
 from quickdraft.bench.methods import build_method, parse_methods
 from quickdraft.bench.peer_process import PeerSkipped
-from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
+from quickdraft.bench.runner import _methods_with_ar
 from quickdraft.errors import QuickdraftError
+
+from conftest import bench_one_prompt
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."
 
@@ -62,13 +63,7 @@ def test_a_missing_extra_is_a_one_line_skip(monkeypatch, tiny_target):
 def test_it_decodes_the_embedded_default_where_installed(tmp_path):
     if importlib.util.find_spec("openvino_genai") is None:  # found, not imported: it loads in its child
         pytest.skip('the openvino extra is not installed (pip install -e ".[openvino]")')
-    from quickdraft.weights.loading import load_model
-
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
-    config = BenchConfig(methods="ar,openvino", prompts=str(prompts), max_new_tokens=16, runs=1)
-    config.out = str(tmp_path / "out")
-    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    summary = bench_one_prompt(tmp_path, "ar,openvino", PROMPT, 16)
     if "openvino" in summary.get("failed", {}):  # its reader may refuse the default's blocks: one line
         assert "skipped" in summary["failed"]["openvino"] and "\n" not in summary["failed"]["openvino"]
         return
@@ -83,14 +78,8 @@ def test_its_prompt_lookup_drafts_where_installed(tmp_path):
     were kept), its tokens compared with its own plain decoding's."""
     if importlib.util.find_spec("openvino_genai") is None:
         pytest.skip('the openvino extra is not installed (pip install -e ".[openvino]")')
-    from quickdraft.weights.loading import load_model
-
     repeat = "Repeat this line exactly, three times: the quick brown fox jumps over the lazy dog."
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [repeat]}) + "\n")
-    config = BenchConfig(methods="ar,openvino,openvino:lookup=3", prompts=str(prompts), max_new_tokens=48, runs=1)
-    config.out = str(tmp_path / "out")
-    summary = run_bench(config, load_model(None, "bfloat16"), progress=False)
+    summary = bench_one_prompt(tmp_path, "ar,openvino,openvino:lookup=3", repeat, 48)
     if "openvino" in summary.get("failed", {}):  # its reader may refuse the default's blocks: one line
         return
     lookup = summary["methods"]["openvino:lookup=3"]
@@ -109,12 +98,8 @@ def test_its_draft_model_speculation_where_installed(tmp_path, monkeypatch):
     target = load_model(None, "bfloat16")
     if target.gguf is None:
         pytest.skip("the embedded default was not loaded from a GGUF file")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"question_id": "1", "category": "a", "turns": [PROMPT]}) + "\n")
     spec = f"openvino:draft={target.gguf},draft_max=4"
-    config = BenchConfig(methods=f"ar,openvino,{spec}", prompts=str(prompts), max_new_tokens=32, runs=1)
-    config.out = str(tmp_path / "out")
-    summary = run_bench(config, target, progress=False)
+    summary = bench_one_prompt(tmp_path, f"ar,openvino,{spec}", PROMPT, 32, target)
     if "openvino" in summary.get("failed", {}) or spec in summary.get("failed", {}):  # a refused file: one line
         assert all("\n" not in why for why in summary["failed"].values())
         return
