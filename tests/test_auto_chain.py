@@ -110,3 +110,19 @@ def test_the_batched_decoder_drafts_the_same_pmin_chains(tiny_model_dir):
     assert sum(g.stats.num_draft_tokens for g in got) > 0
     given = _engine(tiny_model_dir, draft_length="4").batch_plan()[0].request(1, 100)
     assert given.budget == 4 and given.keep_drafting is None  # the negative control: fixed chains of 4
+
+
+def test_a_mixed_tree_takes_its_model_stages_pmin_chain(tiny_model_dir):
+    """`mix:model:...` (the pair's default drafter) drafts the model stage's p-min chain, priced on this
+    host's costs, with output equal to plain decoding; `mix:truncated:1`, whose stage has no p-min
+    default, keeps fixed chains (the control; before the fix, mix drafted fixed chains of 4 either way)."""
+    engine = Engine.load(tiny_model_dir, options_from({"drafter": f"mix:model:{tiny_model_dir}"}), "float32")
+    assert engine.drafter.pmin == engine.drafter.model.pmin == (8, 0.7)
+    out = engine.generate("abc", max_new_tokens=16)
+    plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32").generate("abc", max_new_tokens=16)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
+    policy = _policy(engine)
+    assert isinstance(policy, CostStop) and policy.gamma == 8
+    control = Engine.load(tiny_model_dir, options_from({"drafter": "mix:truncated:1"}), "float32")
+    assert control.drafter.pmin is None and type(_policy(control)) is FixedLength

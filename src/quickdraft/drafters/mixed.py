@@ -10,7 +10,9 @@ short. Here:
 - sampling rounds take one source per round, chosen from the context alone: the suffix tree when
   its longest match has at least `min_match` tokens, else the model's sampled tree. Never mixing
   deterministic and sampled siblings under one parent keeps the sibling rejection rule lossless.
-Chains (`--draft-tree 0`) follow the same switch.
+Chains (`--draft-tree 0`) follow the same switch, and take the model stage's default chain (`pmin`: a
+draft model's p-min chain, priced on this host's costs) where no draft option is given: the suffix chain
+after a long match is a deterministic lookup and stops where its paths do.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class MixedTreeDrafter(ComposedReads):
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.suffix.begin(prompt_ids)
         self.model.begin(prompt_ids)
+
+    @property
+    def pmin(self) -> tuple[int, float] | None:  # type: ignore[override]
+        """The model stage's default chain (a draft model's p-min chain; None: fixed chains)."""
+        return self.model.pmin
 
     def step_seconds(self) -> float | None:
         return self.model.step_seconds()
