@@ -124,5 +124,8 @@ def test_a_mixed_tree_takes_its_model_stages_pmin_chain(tiny_model_dir):
     assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
     policy = _policy(engine)
     assert isinstance(policy, CostStop) and policy.gamma == 8
+    plan, _ = engine.batch_plan()  # the server's batches take the same chains
+    request = plan.request(1, 100)
+    assert not plan.trees and request.budget == 8 and request.keep_drafting is not None
     control = Engine.load(tiny_model_dir, options_from({"drafter": "mix:truncated:1"}), "float32")
     assert control.drafter.pmin is None and type(_policy(control)) is FixedLength
