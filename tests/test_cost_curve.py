@@ -129,3 +129,19 @@ def test_drafting_costs_are_kept_per_host_for_the_shipped_target(tmp_path, monke
     assert cost_curve.drafting_costs("m", "bfloat16", True, "none", "distilled|distilled", measure(0.3)) == (0.3, 0.01)
     assert cost_curve.drafting_costs("m", "bfloat16", False, "none", "head|head", measure(0.7)) == (0.7, 0.01)
     assert calls == [0.25, 0.3, 0.7] and len(list((tmp_path / "costs").iterdir())) == 2
+
+
+def test_a_changed_kernel_build_is_measured_anew(monkeypatch, tmp_path):
+    """The curve's key names the fused kernels' whole build (level and source hash): two builds of one
+    level get two curves. The control: two levels differ in any case (the old key, cut to the level's
+    first 8 letters, told levels apart but not builds, and kept a curve across kernel changes)."""
+    from quickdraft.runtime import kernels
+
+    if kernels.fused_ops() is None:
+        pytest.skip("no fused kernels on this host")
+    keys = {}
+    for name in ("avx512_bf16-0123456789abcdef", "avx512_bf16-fedcba9876543210", "avx2-0123456789abcdef"):
+        monkeypatch.setattr(kernels, "build_dir", lambda level=None, n=name: tmp_path / n)
+        keys[name] = cost_curve.host_key("m", "bfloat16", "w4a8")
+    assert len(set(keys.values())) == 3
+    assert all(name in key for name, key in keys.items())

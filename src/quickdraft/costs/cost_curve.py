@@ -30,8 +30,9 @@ def host_key(model_name: str, dtype: str, weights: str = "none") -> str:
     from quickdraft.runtime.kernels.linear import packing
 
     capability = torch.backends.cpu.get_cpu_capability()
-    # the fused kernels' build (source, torch, CPU flags): a changed kernel is measured anew
-    fused = f"fused{kernels.build_dir().name[:8]}" if kernels.fused_ops() is not None else "torch"
+    # the fused kernels' build, its level and the hash of its sources, torch and CPU flags: a changed kernel is
+    # measured anew (a cut to the level's first 8 letters kept one curve across kernel changes: stop 75)
+    fused = f"fused{kernels.build_dir().name}" if kernels.fused_ops() is not None else "torch"
     runtime = f"{packing() or 'plain'}-{fused}"
     raw = f"{cpu_model()}-{capability}-t{torch.get_num_threads()}-torch{torch.__version__}-{runtime}"
     raw += f"-{dtype}-{model_name}"
