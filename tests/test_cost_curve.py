@@ -136,9 +136,11 @@ def test_a_changed_kernel_build_is_measured_anew(monkeypatch, tmp_path):
     level get two curves. The control: two levels differ in any case (the old key, cut to the level's
     first 8 letters, told levels apart but not builds, and kept a curve across kernel changes)."""
     from quickdraft.runtime import kernels
+    from quickdraft.runtime.kernels import linear
 
     if kernels.fused_ops() is None:
         pytest.skip("no fused kernels on this host")
+    monkeypatch.setattr(linear, "packing", lambda *a, **k: "fused")  # nothing measured nor kept for the fake builds
     keys = {}
     for name in ("avx512_bf16-0123456789abcdef", "avx512_bf16-fedcba9876543210", "avx2-0123456789abcdef"):
         monkeypatch.setattr(kernels, "build_dir", lambda level=None, n=name: tmp_path / n)
