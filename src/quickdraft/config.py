@@ -91,6 +91,9 @@ class DraftConfig:
             node by depth, e.g. "3,2,1" (or "3:2:1", which a bench method string can hold).
         guard: drop to plain rounds while drafting measurably loses on this host's costs, and probe
             again later (`decoding/guard.py`), for chains and trees alike; False drafts every round.
+        siblings: a greedy chain priced by the "cost" schedule offers a model draft's second choice
+            beside a position where it is expected to pay (`adaptive.CostStop.sibling`; a lone request on a
+            target that verifies trees); False: plain chains.
     """
 
     num_draft_tokens: int = 4
@@ -101,6 +104,7 @@ class DraftConfig:
     tree_width: int = 8
     tree_shape: str = "dynamic"
     guard: bool = True
+    siblings: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:

@@ -111,6 +111,14 @@ OPTIONS: dict[str, Option] = {
             flag="--no-guard",
         ),
         Option(
+            "siblings",
+            ("draft", "siblings"),
+            _bool,
+            "a greedy chain of the cost schedule also offers a draft model's second choice beside a position "
+            "where it is expected to pay (one more verify row, no draft step; --no-siblings: plain chains)",
+            flag="--no-siblings",
+        ),
+        Option(
             "verifier",
             ("verifier",),
             str,

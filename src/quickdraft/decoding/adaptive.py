@@ -22,6 +22,7 @@ from quickdraft.errors import QuickdraftError
 
 class DraftPolicy(Protocol):
     keep_drafting: object
+    sibling: object
 
     def num_draft_tokens(self) -> int: ...
 
@@ -32,6 +33,7 @@ class FixedLength:
     """Always gamma tokens."""
 
     keep_drafting = None
+    sibling = None  # the rule offering a chain position's second choice beside it (CostStop's), or none
 
     def __init__(self, num_draft_tokens: int) -> None:
         self.gamma = num_draft_tokens
@@ -112,6 +114,23 @@ class CostStop(FixedLength):
                 return True
         return False
 
+    def sibling(self, p1: float, p2: float, depth: int, rows: int) -> bool:
+        """Whether the draft's second choice at chain position `depth` (top-1 p1, top-2 p2) joins the
+        verify as a leaf beside the chain's token (`DraftRequest.siblings`). It is accepted where the
+        first `depth - 1` drafts are and the target takes it over the chain's token: about a_{depth-1} p2
+        tokens more (the chain's token there then takes the correction's place). It joins when that gain
+        over the one row it adds (the curve from `rows` to `rows + 1`, at least MIN_ROW steps) is at least
+        the round's expected tokens per step so far: a flat curve takes most siblings, a steep one few.
+        Called before `keep` for the same position."""
+        reach = 1.0 if depth == 1 else self._reach
+        tokens = (1.0 if depth == 1 else self._tokens) + reach * p1
+        now = self.cost(rows, depth)
+        row = max(self.cost(rows + 1, depth) - now, MIN_ROW)
+        return reach * p2 * now >= row * tokens
+
+
+MIN_ROW = 0.01  # a verify row's least price in one-row steps (a measured curve can be flat, or dip, there)
+
 
 def make_draft_policy(config: DraftConfig, cost: Callable[[int, int], float] | None = None) -> DraftPolicy:
     """A fresh policy (policies hold per-generation state) for the configured schedule; `cost` (a round's
@@ -128,14 +147,16 @@ def make_draft_policy(config: DraftConfig, cost: Callable[[int, int], float] | N
 
 
 class ChainBudget:
-    """A lone sequence's chains (`decoding/round.Budget`): the policy's length, at most the room left."""
+    """A lone sequence's chains (`decoding/round.Budget`): the policy's length, at most the room left;
+    with `siblings` (a target that verifies trees, a lossless rule) the "cost" policy's sibling rule."""
 
-    def __init__(self, policy: DraftPolicy) -> None:
+    def __init__(self, policy: DraftPolicy, siblings: bool = False) -> None:
         self.policy = policy
+        self.siblings = policy.sibling if siblings else None
 
     def request(self, rows: int, room: int) -> DraftRequest | None:
         k = min(self.policy.num_draft_tokens(), room)
-        return DraftRequest.chain(k, self.policy.keep_drafting) if k >= 1 else None
+        return DraftRequest.chain(k, self.policy.keep_drafting, self.siblings) if k >= 1 else None
 
     def observe(self, drafted: list[tuple[int, int]]) -> None:
         for num_drafted, num_accepted in drafted:

@@ -158,6 +158,7 @@ def _sd(parts: DecodeParts, sampling: SamplingConfig):
         return with_guard(SpeculativeDecoder.tree(parts.target, parts.drafter, shape, events), parts, False, sampling)
     verifier = make_verifier(parts.config.verifier, sampling)
     decoder = SpeculativeDecoder(parts.target, parts.drafter, verifier, lambda: draft_policy(parts, draft), events)
+    decoder.siblings = decoder.siblings and parts.config.draft.siblings
     return with_guard(decoder, parts, True, sampling)
 
 
@@ -222,6 +223,7 @@ class Method:
 _DRAFT = (
     "drafter",
     "guard",
+    "siblings",
     "draft_length",
     "draft_schedule",
     "confidence_threshold",

@@ -185,7 +185,7 @@ class RoundLoop:
         if plain:
             for rnd in rounds:
                 rnd.events["guard_plain_rounds"] = 1
-        elif drafted and self._pauses(drafts, sum(len(r.tokens) for r in rounds)):
+        elif drafted and self._pauses(drafts, requests, sum(len(r.tokens) for r in rounds)):
             for rnd in rounds:
                 rnd.events["guard_pauses"] = 1
         return rounds
@@ -246,22 +246,39 @@ class RoundLoop:
         if len(draft) and request is not None and request.shape is not None:  # a tree
             events.update({"tree_rounds": 1, "tree_nodes": len(draft), f"accepted_depth_{len(path)}": 1})
             depth = max(draft.depths)
+        elif len(draft) and not draft.is_path():  # a chain with its second choices beside it
+            chain = set(chain_nodes(draft))
+            events.update({"sibling_nodes": len(draft) - len(chain), "sibling_hits": int(not chain.issuperset(path))})
         return Round(new, len(draft), len(path), draft_s, verify_s, events, depth)
 
-    def _pauses(self, drafts: list[TokenTree], committed: int) -> bool:
-        """Tell the guard about a drafted round; True when its verdict pauses drafting."""
+    def _pauses(self, drafts: list[TokenTree], requests: list, committed: int) -> bool:
+        """Tell the guard about a drafted round; True when its verdict pauses drafting. A chain's leaves
+        beside it are verify rows, not draft forwards: it is priced as its chain over all its rows."""
         if self.guard is None:
             return False
         steps = None if self.price is None else self.price(drafts)
         if self.price is not None and steps is None:
             return False
-        return self.guard.update(sum(len(d) for d in drafts), committed, steps=steps)
+        nodes = sum(len(d) for d in drafts)
+        if steps is None and len(drafts) == 1 and requests[0] is not None and requests[0].shape is None:
+            (draft,) = drafts
+            if len(draft) and not draft.is_path():
+                return self.guard.update(len(chain_nodes(draft)), committed, rows=nodes + 1)
+        return self.guard.update(nodes, committed, steps=steps)
+
+
+def chain_nodes(draft: TokenTree) -> list[int]:
+    """A chain-with-siblings draft's chain: the path to its first deepest node (each position's chain
+    token comes before the leaf beside it)."""
+    depths = draft.depths
+    return draft.path_to(depths.index(max(depths)))
 
 
 def block(lane: Lane, draft: TokenTree, request: DraftRequest | None) -> RowBlock:
-    """The lane's rows in the round's forward: a tree with depth offsets and its mask, else a chain."""
+    """The lane's rows in the round's forward: a tree (asked for, or a chain with leaves beside it) with
+    depth offsets and its mask, else a chain."""
     rows = [lane.context[-1], *draft.tokens]
-    if len(draft) and request is not None and request.shape is not None:
+    if len(draft) and request is not None and (request.shape is not None or not draft.is_path()):
         return RowBlock(rows, [0, *draft.depths], draft.mask())
     return RowBlock(rows, shallow=draft.shallow)
 

@@ -68,6 +68,8 @@ class SpeculativeDecoder:
         self.lossy = verifier.lossy
         self.handoff = StateHandoff.of(drafter, target)
         self.guard: DraftGuard | None = None  # drops to plain rounds while drafting loses (auto trees)
+        # a chain's second choices beside it need tree verification: a tree-capable target, a lossless rule
+        self.siblings = target.supports_trees and not verifier.lossy
 
     @classmethod
     def tree(
@@ -82,7 +84,7 @@ class SpeculativeDecoder:
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
         """Yield one Round per target forward until the consumer stops."""
-        budget = TreeBudget(self.shape) if self.shape is not None else ChainBudget(self.make_policy())
+        budget = TreeBudget(self.shape) if self.shape is not None else ChainBudget(self.make_policy(), self.siblings)
         loop = RoundLoop(SoloTarget(self.target, self.handoff), budget, self.verifier, self.guard)
         self.drafter.begin(prompt_ids)
         first = prefill_step(self.target, prompt_ids, sampling, generators, self.handoff)

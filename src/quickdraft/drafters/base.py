@@ -28,6 +28,10 @@ from quickdraft.verifiers.tree import TokenTree
 # Called with the draft's raw logits row (V,) after each drafted token and the chain's length so far
 # (1 after its first token: a policy with per-chain state starts afresh); False stops the round.
 KeepDrafting = Callable[[torch.Tensor, int], bool]
+# Called with a greedy chain's draft probabilities at one position, (top-1, top-2), the position (1-based)
+# and the rows the verify holds so far (the root, the chain and its siblings); True adds the top-2 token as
+# a leaf beside the chain's token there (a sibling: no draft forward, one more verify row).
+SiblingRule = Callable[[float, float, int, int], bool]
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,21 @@ class DraftRequest:
         budget: the most draft nodes (a chain's length, a tree's node count).
         shape: the tree's shape (its budget equals `budget`), or None for a chain: a one-wide tree.
         keep_drafting: a chain's early stop (the draft-length policy), called after each token.
+        siblings: where a greedy chain from a model drafter also offers its second choice (None:
+            nowhere). The verify then holds a tree (the chain and leaves beside it), checked by the tree
+            rule: deterministic drafts keep greedy decoding exact whatever the shape.
     """
 
     budget: int
     shape: TreeShape | None = None
     keep_drafting: KeepDrafting | None = None
+    siblings: SiblingRule | None = None
 
     @classmethod
-    def chain(cls, k: int, keep_drafting: KeepDrafting | None = None) -> DraftRequest:
-        return cls(k, None, keep_drafting)
+    def chain(
+        cls, k: int, keep_drafting: KeepDrafting | None = None, siblings: SiblingRule | None = None
+    ) -> DraftRequest:
+        return cls(k, None, keep_drafting, siblings)
 
     @classmethod
     def tree(cls, shape: TreeShape) -> DraftRequest:

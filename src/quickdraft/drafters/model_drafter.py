@@ -106,13 +106,19 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         keep = request.keep_drafting
+        siblings = request.siblings if sampling.greedy else None
+        beside: list[tuple[int, int]] = []  # (chain position, the second choice there)
         while True:
             token = draft_token(logits, sampling, generator, q_rows)
             tokens.append(token)
+            if siblings is not None:
+                second = second_choice(logits, token)
+                if siblings(second[1], second[2], len(tokens), 1 + len(tokens) + len(beside)):
+                    beside.append((len(tokens), second[0]))
             if len(tokens) == k or (keep is not None and not keep(logits, len(tokens))):
                 break
             logits = self.model.extend([token], last_only=True)[-1]
-        return draft_path(tokens, q_rows)
+        return with_siblings(tokens, beside) if beside else draft_path(tokens, q_rows)
 
     @torch.inference_mode()
     def review(self, context: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
@@ -121,6 +127,28 @@ class ModelDrafter(Drafter):
         context = self.window.view(context)
         self.model.rollback(min(self.model.length, len(context) - 1))  # so the rows below are all fed
         return self.model.sync(list(context) + list(tokens), last_only=False)[-(len(tokens) + 1) :]
+
+
+def second_choice(logits: torch.Tensor, token: int) -> tuple[int, float, float]:
+    """(the draft's most probable id other than `token`, the draft probability of `token`, that of the
+    other) from a (V,) logits row."""
+    probs = torch.softmax(logits.float(), -1)
+    top = torch.topk(probs, 2)
+    ids, values = top.indices.tolist(), top.values.tolist()
+    other = 1 if ids[0] == token else 0
+    return ids[other], float(probs[token]), values[other]
+
+
+def with_siblings(tokens: Sequence[int], beside: Sequence[tuple[int, int]]) -> TokenTree:
+    """A greedy chain with leaves beside it: `beside` (position, id) puts id beside the chain's token at
+    that 1-based position (same parent). Parents come before children; the chain keeps its order."""
+    tree, parent, at = TokenTree(), -1, dict(beside)
+    for position, token in enumerate(tokens, start=1):
+        node = tree.add(token, parent)
+        if position in at:
+            tree.add(at[position], parent)
+        parent = node
+    return tree
 
 
 def model_drafter(

@@ -93,6 +93,10 @@ class TokenTree:
         self.parents.append(int(parent))
         return len(self.tokens) - 1
 
+    def is_path(self) -> bool:
+        """Whether it is one wide (a chain: node i's parent is node i - 1)."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
 
