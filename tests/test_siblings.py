@@ -109,3 +109,16 @@ def test_sampled_chains_and_other_schedules_draft_no_leaves(tiny_model_dir, disa
     out = fixed.generate("abc", max_new_tokens=24)
     assert out.stats.num_draft_tokens > 0 and "sibling_nodes" not in out.stats.extra
     assert fixed.method.build(fixed.parts, SamplingConfig()).make_policy().sibling is None
+
+
+@pytest.mark.usefixtures("flat_costs")
+def test_acceptance_by_position_counts_the_chain_not_its_leaves(tiny_model_dir, disagreeing_draft):
+    """Leaves sit at their chain position's depth: positions drafted are the chains' lengths, so no position
+    counts more drafts than rounds, and a round's leaves do not add positions past its chain."""
+    options = {"drafter": f"model:{disagreeing_draft}", "guard": "0"}
+    engine = Engine.load(tiny_model_dir, options_from(options), "float64")
+    out = engine.generate("hello there", max_new_tokens=40)
+    stats = out.stats
+    assert stats.extra.get("sibling_nodes", 0) > 0
+    assert stats.drafted_per_position[0] == stats.num_drafts
+    assert sum(stats.drafted_per_position) == stats.num_draft_tokens - stats.extra["sibling_nodes"]

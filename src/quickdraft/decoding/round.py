@@ -249,6 +249,7 @@ class RoundLoop:
         elif len(draft) and not draft.is_path():  # a chain with its second choices beside it
             chain = set(chain_nodes(draft))
             events.update({"sibling_nodes": len(draft) - len(chain), "sibling_hits": int(not chain.issuperset(path))})
+            depth = len(chain)  # acceptance by position is by depth, as for a tree
         return Round(new, len(draft), len(path), draft_s, verify_s, events, depth)
 
     def _pauses(self, drafts: list[TokenTree], requests: list, committed: int) -> bool:
