@@ -115,8 +115,8 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   for (int m = 0; m < MB; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* wb = w + b * kQ4Bytes;
-    if constexpr (MB > 1)
-      for (int l = 0; l < kQ4Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
+    for (int l = 0; l < kQ4Bytes; l += 64)  // every height here, as w6a8's AVX2 tile
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
     __m256i acc[MB][2];
     q4_pairs_avx2<MB>(wb, x + 32 * b, xs, acc);
     for (int h = 0; h < 2; ++h) {
