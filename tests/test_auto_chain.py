@@ -26,14 +26,21 @@ def _policy(engine: Engine):
     return decoder.make_policy()
 
 
-def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
-    engine = _engine(tiny_model_dir)
+def _drafts_pmin_chains(engine: Engine, tiny_model_dir) -> CostStop:
+    """Assert `engine` drafts chains of up to 8 under the cost schedule, with plain decoding's output;
+    its policy."""
     out = engine.generate("abc", max_new_tokens=16)
     plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32").generate("abc", max_new_tokens=16)
     assert out.token_ids == plain.token_ids
     assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
     policy = _policy(engine)
     assert isinstance(policy, CostStop) and policy.gamma == 8
+    return policy
+
+
+def test_a_draft_model_drafts_pmin_chains_by_default(tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    policy = _drafts_pmin_chains(engine, tiny_model_dir)
     curve = engine.parts.memo["host_costs"][0]  # priced by the host's measured curve
     assert all(policy.cost(rows, 0) == relative_cost(curve, rows) for rows in (1, 2, 5, 9))
 
@@ -118,12 +125,7 @@ def test_a_mixed_tree_takes_its_model_stages_pmin_chain(tiny_model_dir):
     default, keeps fixed chains (the control; before the fix, mix drafted fixed chains of 4 either way)."""
     engine = Engine.load(tiny_model_dir, options_from({"drafter": f"mix:model:{tiny_model_dir}"}), "float32")
     assert engine.drafter.pmin == engine.drafter.model.pmin == (8, 0.7)
-    out = engine.generate("abc", max_new_tokens=16)
-    plain = Engine.load(tiny_model_dir, options_from({"method": "ar"}), "float32").generate("abc", max_new_tokens=16)
-    assert out.token_ids == plain.token_ids
-    assert out.stats.extra["draft_pmin_auto"] == 8 and out.stats.num_draft_tokens > 0
-    policy = _policy(engine)
-    assert isinstance(policy, CostStop) and policy.gamma == 8
+    _drafts_pmin_chains(engine, tiny_model_dir)
     plan, _ = engine.batch_plan()  # the server's batches take the same chains
     request = plan.request(1, 100)
     assert not plan.trees and request.budget == 8 and request.keep_drafting is not None
