@@ -147,3 +147,45 @@ def test_a_changed_kernel_build_is_measured_anew(monkeypatch, tmp_path):
         keys[name] = cost_curve.host_key("m", "bfloat16", "w4a8")
     assert len(set(keys.values())) == 3
     assert all(name in key for name, key in keys.items())
+
+
+class _Host:
+    """A host whose speed drops by `slow` after its first `fast_calls` measurements (a 2-core guest
+    that changed speed level): each call returns `seconds` scaled by the speed of its turn."""
+
+    def __init__(self, fast_calls: int, slow: float = 1.65) -> None:
+        self.calls, self.fast_calls, self.slow = 0, fast_calls, slow
+
+    def timer(self, seconds: float):
+        def measure() -> float:
+            self.calls += 1
+            return seconds * (1.0 if self.calls <= self.fast_calls else self.slow)
+
+        return measure
+
+
+def test_a_ratio_measured_side_by_side_survives_a_change_of_speed():
+    from quickdraft.costs.timing import paired_ratio
+
+    host = _Host(fast_calls=1)  # the draft's first step fast, everything after it slow
+    ratio, step = paired_ratio(host.timer(0.007), host.timer(0.027))
+    assert ratio == pytest.approx(0.007 / 0.027)
+    assert step == pytest.approx(0.027 * 1.65)
+    # negative control: one measurement of each, one after the other (the old way), is 65% off
+    once = _Host(fast_calls=1)
+    assert paired_ratio(once.timer(0.007), once.timer(0.027), rounds=1)[0] == pytest.approx(0.007 / 0.027 / 1.65)
+
+
+def test_the_draft_price_is_measured_side_by_side(monkeypatch):
+    from types import SimpleNamespace
+
+    from quickdraft.decoding import parts as parts_module
+
+    host = _Host(fast_calls=1)  # the first draft step fast, every step after it slow
+    drafter = SimpleNamespace(name="x", step_seconds=host.timer(0.007), lookup_seconds=lambda: 0.0027)
+    monkeypatch.setattr(parts_module, "step_seconds", lambda target: host.timer(0.027)())
+    config = SimpleNamespace(drafter="model:x", dtype="bfloat16", quantize="none")
+    parts = parts_module.DecodeParts(target=None, drafter=drafter, config=config, target_name="not-kept")
+    ratio, lookup = parts_module.drafting(parts)
+    assert ratio == pytest.approx(0.007 / 0.027)
+    assert lookup == pytest.approx(0.0027 / (0.027 * 1.65))

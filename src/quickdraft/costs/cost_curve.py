@@ -97,7 +97,8 @@ def drafting_costs(
     if not (persist and PERSIST_DRAFTING):
         return measure()
     digest = hashlib.sha1(drafter_key.encode()).hexdigest()[:10]
-    key = f"{host_key(model_name, dtype, weights)}-drafting-{safe_name(drafter_key)[:40]}-{digest}"
+    # "drafting2": measured side by side (`timing.paired_ratio`); a price measured the old way is not read
+    key = f"{host_key(model_name, dtype, weights)}-drafting2-{safe_name(drafter_key)[:40]}-{digest}"
     return _persisted(
         key,
         True,

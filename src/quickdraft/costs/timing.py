@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from statistics import median
 
 from quickdraft.runtime.target import Target
+
+PAIRED_ROUNDS = 3  # alternating measurements of a ratio's two sides (`paired_ratio`)
 
 
 def step_seconds(model: Target, context: int = 64, repeats: int = 5) -> float:
@@ -22,3 +26,27 @@ def step_seconds(model: Target, context: int = 64, repeats: int = 5) -> float:
         model.rollback(context)
     model.reset()
     return sorted(times)[len(times) // 2]
+
+
+def paired_ratio(
+    numerator: Callable[[], float], denominator: Callable[[], float], rounds: int = PAIRED_ROUNDS
+) -> tuple[float, float]:
+    """(the median over `rounds` of numerator() / denominator(), the median denominator()), the two
+    measured side by side in alternating order (a b, b a, a b, ...).
+
+    A shared host can change speed between two measurements (the 2-core guests of docs/benchmarks.md
+    ran plain decoding at 40.5 and at 33.5 tokens/s minute to minute): measured one after the other,
+    a draft step and a target step were once 0.44 target steps apart from the 0.26-0.29 that every
+    other measurement of the same draft gave, and the cache folder kept it. Side by side, a change
+    of speed moves at most the one pair it falls in, which the median leaves out."""
+    ratios, bottoms = [], []
+    for i in range(rounds):
+        if i % 2:
+            bottom = denominator()
+            top = numerator()
+        else:
+            top = numerator()
+            bottom = denominator()
+        ratios.append(top / bottom)
+        bottoms.append(bottom)
+    return median(ratios), median(bottoms)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quickdraft.config import DraftConfig
-from quickdraft.costs.timing import step_seconds
+from quickdraft.costs.timing import paired_ratio, step_seconds
 from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.drafters.base import Drafter, drafter_step_seconds
 from quickdraft.runtime.target import Target
@@ -79,10 +79,12 @@ def drafting(parts: DecodeParts) -> tuple[float | None, float]:
         from quickdraft.costs.cost_curve import drafting_costs
 
         def measure() -> tuple[float | None, float]:
-            draft_step = drafter_step_seconds(parts.drafter)
             lookup = None if parts.drafter is None else parts.drafter.lookup_seconds()
-            step = step_seconds(parts.target) if draft_step is not None or lookup is not None else 1.0
-            return (None if draft_step is None else draft_step / step), (0.0 if lookup is None else lookup / step)
+            if drafter_step_seconds(parts.drafter) is None:  # model-free (else this first step warms it up)
+                step = step_seconds(parts.target) if lookup is not None else 1.0
+                return None, 0.0 if lookup is None else lookup / step
+            ratio, step = paired_ratio(lambda: drafter_step_seconds(parts.drafter), lambda: step_seconds(parts.target))
+            return ratio, 0.0 if lookup is None else lookup / step
 
         name = "none" if parts.drafter is None else parts.drafter.name
         key = f"{parts.config.drafter}|{name}"
