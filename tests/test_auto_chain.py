@@ -131,3 +131,12 @@ def test_a_mixed_tree_takes_its_model_stages_pmin_chain(tiny_model_dir):
     assert not plan.trees and request.budget == 8 and request.keep_drafting is not None
     control = Engine.load(tiny_model_dir, options_from({"drafter": "mix:truncated:1"}), "float32")
     assert control.drafter.pmin is None and type(_policy(control)) is FixedLength
+
+
+def test_the_fast_forms_window_is_fitted_and_a_window_given_is_not(tiny_model_dir):
+    """`model:X` leaves its window to the fast form, fitted to each generation's budget (drafters/window.py);
+    `model:X;window=N` reads N prompt tokens whatever the budget."""
+    auto = Engine.load(tiny_model_dir, options_from({"drafter": f"model:{tiny_model_dir}"}), "float32")
+    given = Engine.load(tiny_model_dir, options_from({"drafter": f"model:{tiny_model_dir};window=12"}), "float32")
+    assert auto.drafter.window.fitted and not given.drafter.window.fitted
+    assert given.drafter.fork().window.size == 12 and auto.drafter.fork().window.fitted

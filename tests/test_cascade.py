@@ -33,7 +33,7 @@ class StubReviewer(Drafter):
     def __init__(self, name="R", side=0.0):
         self.name, self.side, self.reviews, self.seen = name, side, 0, []
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, budget=None):
         pass
 
     def step_seconds(self):
@@ -69,7 +69,7 @@ class StubBottom(Drafter):
     def __init__(self, good=2):
         self.name, self.good, self.calls = "bottom", good, 0
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, budget=None):
         pass
 
     def step_seconds(self):

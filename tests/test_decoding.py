@@ -238,3 +238,28 @@ def test_a_windowed_draft_reads_the_prompt_cut_and_the_output_is_unchanged():
     whole = ModelDrafter(CachedModel(target.model))
     run(sd(target, whole), prompt, 30)
     assert whole.model.tokens[: len(prompt)] == prompt
+
+
+def test_a_fitted_window_reads_no_more_prompt_than_the_generation_may_add():
+    """The fast form's window (`fitted`) reads max(FIT_MIN, the budget) prompt tokens, at most its size,
+    for a generation of at most `budget` new tokens: greedy output still equals plain decoding, and the
+    draft's cache holds the shorter cut. Control: the same window not fitted reads its whole size."""
+    from quickdraft.drafters.window import FIT_MIN, SINK, fitted_size
+
+    assert [fitted_size(256, b) for b in (None, 1000, 256, 128, 64, 16)] == [256, 256, 256, 128, 64, 64]
+    assert fitted_size(32, 16) == 32  # a window under FIT_MIN keeps its size
+    target = tiny_llama(dtype=torch.float64)
+    plain = Autoregressive(CachedModel(target.model))
+    prompt = [(7 * i + 3) % 60 + 1 for i in range(200)]
+    budget, size = 30, 128
+    fitted = ModelDrafter(CachedModel(target.model), window=size, fitted=True)
+    got = run(sd(target, fitted), prompt, budget)
+    assert got.token_ids == run(plain, prompt, budget).token_ids
+    assert got.stats.num_accepted_draft_tokens > 0
+    seen = fitted.model.tokens
+    assert fitted.window.read == FIT_MIN
+    assert seen[:SINK] == prompt[:SINK] and seen[SINK:FIT_MIN] == prompt[-(FIT_MIN - SINK) :]
+    assert seen[FIT_MIN:] == got.token_ids[: len(seen) - FIT_MIN]
+    fixed = ModelDrafter(CachedModel(target.model), window=size)
+    run(sd(target, fixed), prompt, budget)
+    assert fixed.window.read == size and fixed.model.tokens[SINK:size] == prompt[-(size - SINK) :]

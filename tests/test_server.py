@@ -304,7 +304,7 @@ class SlowDrafter(Drafter):
     def __init__(self, inner, delay=0.01):
         self.inner, self.delay, self.name = inner, delay, "slow"
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, budget=None):
         self.inner.begin(prompt_ids)
 
     def propose(self, *args, **kwargs):

@@ -196,7 +196,7 @@ class BatchDecoder:
         drafter = self.drafter.fork() if self.drafter is not None else None
         if drafter is not None:
             with eager_attention():
-                drafter.begin(job.prompt)
+                drafter.begin(job.prompt, job.stop.max_new_tokens)
                 if self.reads_features:
                     drafter.observe({FEATURES: self.target.prefill_features()})
         collector = Collector(job.stop, self.detokenize)

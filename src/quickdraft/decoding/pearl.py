@@ -83,7 +83,7 @@ class PearlDecoder:
     def rounds(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig, max_new_tokens: int, generators: Generators
     ) -> Iterator[Round]:
-        self.drafter.begin(prompt_ids)
+        self.drafter.begin(prompt_ids, max_new_tokens)
         self.last_verdict = None
         first = prefill_step(self.target, prompt_ids, sampling, generators)
         first.events = dict(self.events)

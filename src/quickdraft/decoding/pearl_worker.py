@@ -123,7 +123,7 @@ class _DraftRole:
 
         prompt, sampling, max_new_tokens, seed = job
         gens = Generators.from_seed(seed)
-        self.drafter.begin(prompt)
+        self.drafter.begin(prompt, max_new_tokens)
         first = int(_recv((1,), torch.long, TARGET)[0])
         if first < 0:
             return

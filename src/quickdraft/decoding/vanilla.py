@@ -86,7 +86,7 @@ class SpeculativeDecoder:
         """Yield one Round per target forward until the consumer stops."""
         budget = TreeBudget(self.shape) if self.shape is not None else ChainBudget(self.make_policy(), self.siblings)
         loop = RoundLoop(SoloTarget(self.target, self.handoff), budget, self.verifier, self.guard)
-        self.drafter.begin(prompt_ids)
+        self.drafter.begin(prompt_ids, max_new_tokens)
         first = prefill_step(self.target, prompt_ids, sampling, generators, self.handoff)
         first.events = dict(self.events)
         yield first

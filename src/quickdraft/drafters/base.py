@@ -108,8 +108,9 @@ class Drafter:
     runs_target_layers: int = 0
     drafts_ahead: bool = False
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a new sequence (drop state tied to an earlier one)."""
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
+        """Start a new sequence (drop state tied to an earlier one) that adds at most `budget` tokens
+        (None: not known)."""
 
     def end(self) -> None:
         """The sequence ended (a drafter that learns from finished text takes it here)."""

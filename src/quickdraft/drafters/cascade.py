@@ -132,10 +132,10 @@ class CascadeDrafter(ComposedReads):
         """Tokens proposed to the target per round (before quotas are overshot)."""
         return sum(self.k[0])
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         self.calls = [0] * len(self.levels)
         for level in self.levels:
-            level.begin(prompt_ids)
+            level.begin(prompt_ids, budget)
 
     def step_seconds(self) -> float | None:
         """The first model level's step (the cascade's costliest drafter)."""

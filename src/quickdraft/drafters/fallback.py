@@ -44,9 +44,9 @@ class FallbackDrafter(ComposedReads):
     def drafts_trees(self) -> bool:
         return all(d.drafts_trees for d in self.drafters)
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         for drafter in self.drafters:
-            drafter.begin(prompt_ids)
+            drafter.begin(prompt_ids, budget)
 
     def fork(self) -> FallbackDrafter | None:
         """Every stage forked (None when one cannot be)."""

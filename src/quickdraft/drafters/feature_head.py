@@ -39,7 +39,7 @@ class FeatureRows(Drafter):
         self.draft_steps = 0  # head forwards since `begin` (the bench's cost model)
         self.kv = block_cache(head.cfg, lm.embed.dtype, lm.embed.device)
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         self.feats, self.draft_steps = [], 0
         self.kv.rollback(0)
 

@@ -51,7 +51,7 @@ class KangarooDrafter(Drafter):
         """The handle on the target's first l layers (`ShallowPass`): they run on the target's cache."""
         self.shallow = shallow
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         self.states, self.draft_steps = [], 0
         self.kv.rollback(0)
         if self.own is not None:

@@ -70,9 +70,9 @@ class MixedTreeDrafter(ComposedReads):
         self.parts = [suffix, model]  # ComposedReads: a target-reading model is bound and fed
         self.rounds_by_source = {"union": 0, "suffix": 0, "model": 0}
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.suffix.begin(prompt_ids)
-        self.model.begin(prompt_ids)
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
+        self.suffix.begin(prompt_ids, budget)
+        self.model.begin(prompt_ids, budget)
 
     @property
     def pmin(self) -> tuple[int, float] | None:  # type: ignore[override]

@@ -58,17 +58,22 @@ class ModelDrafter(Drafter):
     can_review = True
 
     def __init__(
-        self, model: CachedModel, name: str = "model", weights: object = None, window: int | None = None
+        self,
+        model: CachedModel,
+        name: str = "model",
+        weights: object = None,
+        window: int | None = None,
+        fitted: bool = False,
     ) -> None:
         self.model = model
         self.name = name
-        self.window = ContextWindow(window)
+        self.window = ContextWindow(window, fitted)
         self.weights = weights  # the quantized forms `model` runs: held, so other drafters reuse them (shared)
         self._forwards_at_begin = 0
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         self.model.reset()
-        self.window.begin(prompt_ids)
+        self.window.begin(prompt_ids, budget)
         self._forwards_at_begin = self.model.num_forwards
 
     @property
@@ -78,7 +83,7 @@ class ModelDrafter(Drafter):
 
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
-        twin = ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size)
+        twin = ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size, self.window.fitted)
         twin.pmin = self.pmin
         return twin
 
@@ -220,6 +225,7 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
     form = resolve(given, fast_form(draft.model, target.vocab_size, runtime, target.model.device.type), UNSET)
     draft.head_ids = restricted_head(target, form.vocab)
     drafter = native_drafter(draft, target, str(spec), runtime, form.quant, form.window)
+    drafter.window.fitted = given.window is UNSET  # the fast form's window, fitted to each generation's budget
     drafter.pmin = PMIN
     return drafter
 
@@ -275,7 +281,7 @@ MODEL = DrafterKind(
     usage="model:PATH|NAME[;quant=MODE][;vocab=K|all][;window=N|all]",
     summary="an independent draft model sharing the target's vocabulary (a folder, a GGUF file or a named "
     "one, e.g. qwen2.5-coder-0.5b), in its fast form unless an option says otherwise: w4a8-all, a head of the "
-    "32k most frequent ids, a 256-token prompt window",
+    "32k most frequent ids, a prompt window of 256 tokens fitted to the generation's budget",
     build=_model,
     parse_arg=parse_model,
     takes_dtype=True,

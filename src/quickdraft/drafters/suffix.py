@@ -133,7 +133,7 @@ class SuffixDrafter(Drafter):
         self.prompt_length = 0
         self.last_context: list[int] = []
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
         """Start a request (ending the previous one)."""
         self.end()
         self.prompt_length = len(prompt_ids)
