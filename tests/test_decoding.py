@@ -252,7 +252,8 @@ def test_a_fitted_window_reads_no_more_prompt_than_the_generation_may_add():
     plain = Autoregressive(CachedModel(target.model))
     prompt = [(7 * i + 3) % 60 + 1 for i in range(200)]
     budget, size = 30, 128
-    fitted = ModelDrafter(CachedModel(target.model), window=size, fitted=True)
+    fitted = ModelDrafter(CachedModel(target.model), window=size)
+    fitted.window.fitted = True
     got = run(sd(target, fitted), prompt, budget)
     assert got.token_ids == run(plain, prompt, budget).token_ids
     assert got.stats.num_accepted_draft_tokens > 0

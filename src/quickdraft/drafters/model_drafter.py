@@ -58,16 +58,11 @@ class ModelDrafter(Drafter):
     can_review = True
 
     def __init__(
-        self,
-        model: CachedModel,
-        name: str = "model",
-        weights: object = None,
-        window: int | None = None,
-        fitted: bool = False,
+        self, model: CachedModel, name: str = "model", weights: object = None, window: int | None = None
     ) -> None:
         self.model = model
         self.name = name
-        self.window = ContextWindow(window, fitted)
+        self.window = ContextWindow(window)  # `window.fitted`: its size fitted to each generation's budget
         self.weights = weights  # the quantized forms `model` runs: held, so other drafters reuse them (shared)
         self._forwards_at_begin = 0
 
@@ -83,8 +78,8 @@ class ModelDrafter(Drafter):
 
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
-        twin = ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size, self.window.fitted)
-        twin.pmin = self.pmin
+        twin = ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size)
+        twin.window.fitted, twin.pmin = self.window.fitted, self.pmin
         return twin
 
     def step_seconds(self) -> float:
