@@ -36,9 +36,9 @@ def paired_ratio(
 
     A shared host can change speed between two measurements (the 2-core guests of docs/benchmarks.md
     ran plain decoding at 40.5 and at 33.5 tokens/s minute to minute): measured one after the other,
-    a draft step and a target step were once 0.44 target steps apart from the 0.26-0.29 that every
-    other measurement of the same draft gave, and the cache folder kept it. Side by side, a change
-    of speed moves at most the one pair it falls in, which the median leaves out."""
+    one draft's price came out 0.44 target steps where every other measurement of the same draft gave
+    0.26-0.29, and the cache folder kept it. Side by side, a change of speed moves at most the one
+    pair it falls in, which the median leaves out."""
     ratios, bottoms = [], []
     for i in range(rounds):
         if i % 2:
