@@ -9,7 +9,7 @@ through its window, then the target's own tokens one by one; at every position i
 probability p are kept, and the token counts as accepted when that id is the target's. `CostStop` (the
 p-min chain, decoding/adaptive.py) prices a chain on p as that chance. Prints, per group of categories
 (code: coding, math, math_reasoning, reasoning; prose: the rest), the mean p and the accepted share in
-bins of p, and writes calibration.json beside nothing else (--out).
+bins of p, and writes the same tables as JSON to --out (default calibration.json).
 """
 
 from __future__ import annotations
