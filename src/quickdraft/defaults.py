@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from quickdraft.costs import cost_curve as curves
 from quickdraft.drafters.suffix import TREE_GAIN, with_suffix_cache
-from quickdraft.runtime import formats
+from quickdraft.runtime import formats, kernels
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
 from quickdraft.weights.gguf_weights import gguf_types
@@ -67,6 +67,8 @@ def quantized_blocker(dtype: str, runtime: str, device: str) -> str | None:
         return "--runtime hf (quantized linears need the native runtime)"
     if resolve_device(device) != "cpu":
         return "a GPU (the quantized kernels are CPU kernels)"
+    if kernels.fused_ops() is None:
+        return "no fused CPU kernels here (their build failed or is off: see `quickdraft prepare`)"
     return None
 
 

@@ -16,6 +16,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,13 +43,53 @@ def cpu_fields() -> dict[str, str]:
     return fields
 
 
+# macOS's sysctl names -> Linux's /proc/cpuinfo names, for the features the kernels' levels ask for
+MAC_FEATURES = {
+    "hw.optional.arm.FEAT_DotProd": "asimddp",
+    "hw.optional.arm.FEAT_I8MM": "i8mm",
+    "hw.optional.arm.FEAT_BF16": "bf16",
+    "hw.optional.arm.FEAT_FP16": "fphp",
+}
+
+
+def _sysctl(names: list[str]) -> dict[str, str]:
+    """macOS's `sysctl` values of `names` that exist ({} elsewhere or on failure)."""
+    try:
+        run = subprocess.run(["sysctl", *names], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in run.stdout.splitlines()) if sep}
+
+
+def features_of(fields: dict[str, str], sysctl: dict[str, str]) -> frozenset[str]:
+    """A CPU's feature names as Linux spells them: /proc/cpuinfo's `flags` (x86) or `Features` (Arm), else
+    macOS's sysctl (Arm: hw.optional.arm.FEAT_*; x86: machdep.cpu.*features, lower-cased)."""
+    listed = fields.get("flags") or fields.get("Features")
+    if listed:
+        return frozenset(listed.split())
+    names = {MAC_FEATURES[k] for k, v in sysctl.items() if k in MAC_FEATURES and v == "1"}
+    for key in ("machdep.cpu.features", "machdep.cpu.leaf7_features"):
+        names |= {f.lower().replace("avx512vnni", "avx512_vnni").replace("avx512bf16", "avx512_bf16")
+                  for f in sysctl.get(key, "").split()}  # fmt: skip
+    return frozenset(names)
+
+
+@functools.cache
+def cpu_features() -> frozenset[str]:
+    """This CPU's features (`features_of`), read once: the kernels' levels and their build key use them."""
+    mac = platform.system() == "Darwin"
+    keys = [*MAC_FEATURES, "machdep.cpu.features", "machdep.cpu.leaf7_features"]
+    return features_of(cpu_fields(), _sysctl(keys) if mac else {})
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512-BF16 or AMX): there bf16 autocast pays."""
-    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_fields().get("flags", "").split()))
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_features())
 
 
 def cpu_model() -> str:
-    return cpu_fields().get("model name") or platform.processor() or platform.machine()
+    brand = _sysctl(["machdep.cpu.brand_string"]).get("machdep.cpu.brand_string") if platform.system() == "Darwin" else None
+    return cpu_fields().get("model name") or brand or platform.processor() or platform.machine()
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:

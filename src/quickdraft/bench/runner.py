@@ -27,7 +27,7 @@ from quickdraft.bench.peer_process import PeerCrashed
 from quickdraft.bench.plan import _is_plain, _methods_with_ar, _sampled, _weights
 from quickdraft.defaults import AUTO, auto_weights
 from quickdraft.errors import QuickdraftError
-from quickdraft.host import cpu_fields, cpu_model
+from quickdraft.host import cpu_features, cpu_model
 from quickdraft.prompts import PromptCodec
 from quickdraft.weights.loading import LoadedModel, load_model
 
@@ -58,10 +58,11 @@ class BenchConfig:
 
 def machine_info(config_device: str = "cpu") -> dict:
     cpu = cpu_model()
-    flags = set(cpu_fields().get("flags", "").split())
+    flags = cpu_features()
+    wanted = {"avx2", "avx_vnni", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimddp", "i8mm"}
     return {
         "cpu": cpu,
-        "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),
+        "cpu_flags": sorted(flags & wanted),
         "device": "cuda" if torch.cuda.is_available() and config_device == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -10,7 +10,7 @@ open, for any draft (a GGUF file, a Hugging Face folder, a named one):
             of fewer than WINDOW new tokens: as many as it may add, at least 64 (drafters/window.py)
 
 A draft too small for the kernels to pay (under MIN_PARAMS parameters, e.g. the tests' tiny models),
-in float64, on `--runtime hf` or on a GPU keeps its own weights; each option given explicitly wins
+in float64, on `--runtime hf`, on a GPU or where the fused kernels could not be built keeps its own weights; each option given explicitly wins
 (`;quant=none`, `;vocab=all`, `;window=all`).
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.runtime import kernels
 from quickdraft.runtime.choose import forces_reference
 from quickdraft.weights.quant import QuantSpec
 
@@ -47,6 +48,7 @@ def fast_form(model: torch.nn.Module, vocab_size: int, runtime: str, device: str
     weight = next(model.parameters())
     cpu = weight.device.type == "cpu" and device == "cpu"
     quantizable = params >= MIN_PARAMS and weight.dtype in QUANT_DTYPES and cpu and not forces_reference(runtime)
+    quantizable = quantizable and kernels.fused_ops() is not None  # no kernels built here: its own weights
     return DraftForm(
         quant=QuantSpec(FAST_QUANT) if quantizable else None,
         vocab=str(VOCAB) if params >= MIN_PARAMS and vocab_size > 2 * VOCAB else None,

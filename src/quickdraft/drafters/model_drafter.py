@@ -25,6 +25,7 @@ from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
 from quickdraft.drafters.window import ContextWindow, parse_window
 from quickdraft.errors import QuickdraftError
+from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
@@ -228,12 +229,13 @@ def _model(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> 
 def native_drafter(
     draft: LoadedModel, target: LoadedModel, name: str, runtime: str, quant=None, window: int | None = None
 ) -> ModelDrafter:
-    """A draft model's drafter in `quant` (a QuantSpec; None: w4a8 for a GGUF-born draft, its own blocks
-    where a delta did not retrain them, else none), on the native runtime when quantized."""
+    """A draft model's drafter in `quant` (a QuantSpec; None: w4a8 for a GGUF-born draft where the fused
+    kernels run, its own blocks where a delta did not retrain them, else none), native when quantized."""
     from quickdraft.runtime.formats.quantized import quantize_model
     from quickdraft.weights.quant import QuantSpec, check_dtype
 
-    mode = quant or QuantSpec("w4a8" if draft.gguf is not None and not forces_reference(runtime) else "none")
+    as_stored = draft.gguf is not None and not forces_reference(runtime) and kernels.fused_ops() is not None
+    mode = quant or QuantSpec("w4a8" if as_stored else "none")
     if not mode.active:
         return model_drafter(draft, target, name, runtime, window)
     if forces_reference(runtime):

@@ -4,22 +4,18 @@ loaded once per process.
 `fused_ops()` returns the compiled module, or None where it cannot be had (no C++ compiler, a failed
 build, `QUICKDRAFT_FAST_BLOCK=0`); callers then run the torch ops they replace.
 
-**Levels, chosen at run time.** The kernels' vector paths are compiled in by the instruction sets
-the build targets (`__AVX512F__`, `__AVX512VNNI__`, `__AVX512BF16__`; the linears' 256-bit paths by
-`__AVX2__` where those are not; the rest is the compiler's vectorization). Each level is a named set of flags:
-- `avx512_bf16`;
-- `avx512_vnni`;
-- `avx512` (x86-64-v4);
-- `avx2` (x86-64-v3);
-- `scalar` (x86-64).
-The level is the best one that the CPU this process runs on reports in /proc/cpuinfo, read at run
-time, not the build host's `-march=native`. `QUICKDRAFT_KERNEL_LEVEL=<level>` forces one (a level
-this CPU lacks is refused by name), so each path can be run and tested on a host that has it.
+**Levels, chosen at run time** (`levels.py`: x86-64's avx512_bf16 down to scalar, with avx_vnni; Arm's
+i8mm, dotprod and scalar). The kernels' vector paths are compiled in by the instruction sets the build
+targets (`__AVX512F__`, `__AVX512VNNI__`, `__AVX512BF16__`; the linears' 256-bit paths by `__AVX2__` where
+those are not, with `__AVXVNNI__`'s dot product where the level has it; `__ARM_FEATURE_DOTPROD` and
+`__ARM_FEATURE_MATMUL_INT8` on Arm; the rest is the compiler's vectorization). The level is the best one
+the CPU this process runs on reports (`host.cpu_features`: /proc/cpuinfo's flags or Features, macOS's
+sysctl), read at run time, not the build host's `-march=native`; `QUICKDRAFT_KERNEL_LEVEL` forces one.
 
 The build uses torch's own `cpp_extension` against the installed torch (no second torch is pulled),
 with `-O3 -mtune=native` and the level's flags. It goes into a folder of the quickdraft cache keyed
 by:
-- the sources, the torch version, the level's flags and this CPU's flags;
+- the sources, the torch version, the level's flags and this CPU's features (on every OS);
 - the compiler's version and the Python extension ABI.
 So a folder is never loaded by a process it was not built for. `quickdraft prepare` builds the
 host's level; otherwise the first process that needs it does (about 30 s on 2 cores), and every
@@ -32,7 +28,6 @@ import functools
 import hashlib
 import importlib.util
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -41,56 +36,28 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.errors import QuickdraftError
-from quickdraft.host import cache_dir, cpu_fields
+from quickdraft.host import cache_dir, cpu_features
+from quickdraft.runtime.kernels import levels
 
 SOURCE = Path(__file__).with_name("fused.cpp")  # the translation unit; it includes the parts (*.h) beside it
 NAME = "quickdraft_fused"
-# reassociation lets dot products and sums vectorize (infinities and NaNs keep their meaning: no -ffast-math)
-MATH = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
-_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})  # x86-64-v3's /proc/cpuinfo names
-_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
-# level -> (its compiler flags, the CPU flags it needs), best first
-LEVELS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
-    "avx512_bf16": (("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16"), _V4 | {"avx512_vnni", "avx512_bf16"}),
-    "avx512_vnni": (("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"}),
-    "avx512": (("-march=x86-64-v4",), _V4),
-    "avx2": (("-march=x86-64-v3",), _V3),
-    "scalar": (("-march=x86-64",), frozenset()),
-}
-NATIVE = "native"  # not x86-64 (an Arm host): the compiler's -march=native, the one level there
+LEVELS = levels.levels()  # this architecture's levels, best first
+NATIVE = levels.NATIVE
 
 
-def _host_flags() -> set[str]:
-    return set(cpu_fields().get("flags", "").split())
-
-
-def supported_levels(flags: set[str] | None = None) -> list[str]:
-    """The levels a CPU with `flags` (default: this one's) runs, best first."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return [NATIVE]
-    flags = _host_flags() if flags is None else flags
-    return [name for name, (_, needs) in LEVELS.items() if needs <= flags]
+def supported_levels(features: set[str] | frozenset[str] | None = None) -> list[str]:
+    """The levels a CPU of this architecture with `features` (default: this one's) runs, best first."""
+    return levels.supported_levels(features)
 
 
 def chosen_level() -> str:
-    """The level this process runs: `QUICKDRAFT_KERNEL_LEVEL` when set (refused by name when unknown
-    or beyond this CPU), else the best this CPU supports."""
-    supported = supported_levels()
-    forced = os.environ.get("QUICKDRAFT_KERNEL_LEVEL")
-    if not forced:
-        return supported[0]
-    if forced not in (*LEVELS, NATIVE):
-        raise QuickdraftError(f"QUICKDRAFT_KERNEL_LEVEL={forced!r}: no such level; choose one of {', '.join(LEVELS)}")
-    if forced not in supported:
-        raise QuickdraftError(f"QUICKDRAFT_KERNEL_LEVEL={forced}: this CPU lacks it; it runs {', '.join(supported)}")
-    return forced
+    """The level this process runs (`levels.chosen_level`)."""
+    return levels.chosen_level()
 
 
 def flags(level: str) -> list[str]:
-    """The compiler flags of a level's build."""
-    arch = ["-march=native"] if level == NATIVE else [*LEVELS[level][0], "-mtune=native"]
-    return ["-O3", *arch, "-fopenmp", *MATH]
+    """The compiler flags of a level's build with this host's compiler."""
+    return levels.flags(level, _compiler())
 
 
 @functools.cache
@@ -113,7 +80,7 @@ def build_dir(level: str | None = None) -> Path:
     parts = [
         *(f.read_bytes() for f in sorted(SOURCE.parent.glob("*.[ch]*")) if f.suffix in (".cpp", ".h")),
         torch.__version__.encode(),
-        " ".join(sorted(_host_flags())).encode(),
+        " ".join(sorted(cpu_features())).encode(),
         " ".join(flags(level)).encode(),
         _compiler().encode(),
         str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
@@ -175,7 +142,7 @@ def _load(level: str):
             name=name,
             sources=[str(SOURCE)],
             extra_cflags=flags(level),
-            extra_ldflags=["-fopenmp"],
+            extra_ldflags=levels.openmp(_compiler())[1],
             build_directory=str(partial),
             verbose=False,
         )

@@ -1,10 +1,16 @@
-// The kernels' shared ground: the headers every part uses, the input check, the work grain and a
-// vectorizable exp. Every part (*.h) includes it; compiled in fused.cpp's one translation unit.
+// The kernels' shared ground: the headers every part uses (Arm's NEON intrinsics where the target has them),
+// the input check, the work grain and a vectorizable exp. Every part (*.h) includes it; compiled in
+// fused.cpp's one translation unit.
 #pragma once
 
+#if defined(QUICKDRAFT_NO_TORCH)  // the int8 tiles alone, cross-built and checked without torch
+#include "torch_free.h"           // (scripts/arm/: at::parallel_for and c10::Half's stand-ins)
+#else
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/OpMathType.h>
+#endif
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,12 +19,16 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
-using at::Tensor;
-
 constexpr int64_t kGrain = 1 << 16;  // elements of work below which a loop stays on one thread
+
+#if !defined(QUICKDRAFT_NO_TORCH)
+using at::Tensor;
 
 // Every tensor a kernel indexes is checked first (a clear error to Python, never a read out of bounds):
 // on the CPU, of the dtype the kernel reads it as, contiguous, with the dimensions it indexes.
@@ -27,6 +37,7 @@ inline void check_input(const Tensor& t, const char* what, at::ScalarType dtype,
   TORCH_CHECK(t.scalar_type() == dtype, what, ": dtype ", t.scalar_type(), ", expected ", dtype);
   TORCH_CHECK(t.dim() == dim && t.is_contiguous(), what, ": expected a contiguous ", dim, "-d tensor, got ", t.sizes());
 }
+#endif
 
 // exp for float, branch-free so loops over it vectorize (Cephes' expf: range reduction by ln 2 split
 // in two, a degree-6 polynomial, 2^n from the exponent bits; about 1 ulp). Doubles take std::exp.

@@ -14,10 +14,11 @@
 // SmolLM2-135M showed flash SDPA at 142 us a call for one query row over 200 keys, and RMSNorm's six
 // ops at 30 us (scripts/step_profile.py). These kernels do each of those as one call, row by row,
 // with the arithmetic of the torch path they replace (float32 accumulation for bf16 and float32,
-// float64 for float64). Built once per instruction-set level (avx512_bf16, avx512_vnni, avx512, avx2,
-// scalar: the level's -march/-m flags with -mtune=native); the vector paths follow the level's
-// macros (__AVX512F__, __AVX512VNNI__, __AVX512BF16__, and __AVX2__ for the linears' 256-bit paths
-// where AVX-512's are not built), the rest is the compiler's vectorization.
+// float64 for float64). Built once per instruction-set level (x86-64: avx512_bf16, avx512_vnni, avx512,
+// avx_vnni, avx2, scalar; Arm: i8mm, dotprod, neon: the level's -march/-m flags); the vector paths follow
+// the level's macros (__AVX512F__, __AVX512VNNI__, __AVX512BF16__, __AVX2__ with __AVXVNNI__ for the
+// linears' 256-bit paths where AVX-512's are not built; __ARM_FEATURE_DOTPROD, __ARM_FEATURE_MATMUL_INT8),
+// the rest is the compiler's vectorization.
 // Every tensor a kernel indexes is checked first (check_input, TORCH_CHECK): a clear error, never a
 // read out of bounds.
 #include "block_ops.h"

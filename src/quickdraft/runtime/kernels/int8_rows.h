@@ -53,13 +53,31 @@ inline void store16(__m512 v, out_t* y) {
 #endif
 
 #if defined(__AVX2__) && !defined(__AVX512VNNI__)
-// AVX2 without VNNI (levels avx2 and avx512): 16 outputs as two 8-output halves of 256 bits, and
-// vpdpbusd's products from two instructions: vpmaddubsw multiplies unsigned bytes by signed ones and adds
+// AVX2 without AVX-512's VNNI (levels avx2, avx_vnni and avx512): 16 outputs as two 8-output halves of 256
+// bits, and vpdpbusd's products from AVX-VNNI's 256-bit form where the level has it, else from two instructions: vpmaddubsw multiplies unsigned bytes by signed ones and adds
 // pairs into int16, vpmaddwd adds pairs of those into int32. The int16 pairs are exact while a code is
 // below 129 (2 x 128 x 127 < 2^15): 4- and 6-bit codes as they are, int8 weights after their sign has
 // moved onto the activations. The integer sums are the VNNI path's, and the float steps its, in its order.
 inline __m256i pairs_u8s8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }  // int16 pair sums
 inline __m256i quads_i16(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }  // to int32
+// acc + the int32 sums of u's unsigned byte quads times s's signed ones: AVX-VNNI's 256-bit vpdpbusd (level
+// avx_vnni: one instruction) or the two above and an add; the same integers either way (no pair saturates)
+inline __m256i dot_quads(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, quads_i16(pairs_u8s8(u, s)));
+#endif
+}
+// two products of quads into acc: without VNNI their int16 pair sums are added before one widening
+// (callers keep 2 x 2 x 63 x 127 < 2^15)
+inline __m256i dot_quads2(__m256i acc, __m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, s0), u1, s1);
+#else
+  return _mm256_add_epi32(acc, quads_i16(_mm256_add_epi16(pairs_u8s8(u0, s0), pairs_u8s8(u1, s1))));
+#endif
+}
 inline __m256i bcast4(const int8_t* x) {  // a quad of activations in every 32-bit lane
   int32_t quad;
   std::memcpy(&quad, x, sizeof quad);
@@ -79,6 +97,66 @@ inline void store16(__m256 lo, __m256 hi, out_t* y) {
 }
 inline __m256 half8(const uint8_t* p) {  // 8 fp16 -> float
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// Arm (levels dotprod and i8mm): 16 outputs as four 4-output vectors, and vpdpbusd's products from `sdot`
+// (signed x signed bytes, four lanes of four products) or, for two rows at once, `smmla` (a 2 x 8 by
+// 8 x 2 integer matrix product). Every int8 tile decodes its weights into signed codes of 16 inputs x 16
+// outputs, laid out as the x86 tiles read them: q[j][v] holds quad j (inputs 4j..4j+3) of outputs
+// 4v..4v+3, four bytes an output, and adds their products with MB rows' 16 activations (x + m xs) into
+// acc[m][v]. Integer sums are exact in any order: the float steps after them are each tile's scalar ones.
+template <int MB>
+inline void dot16x16(const int8x16_t q[4][4], const int8_t* x, int64_t xs, int32x4_t acc[][4]) {
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+  if constexpr (MB == 2) {  // smmla: rows 0-1 x outputs (2i, 2i+1) over 8 inputs; zips make the pairs
+    int32x4_t p[8];
+    for (int i = 0; i < 8; ++i) p[i] = vdupq_n_s32(0);
+    for (int j = 0; j < 4; j += 2) {
+      const int8x16_t a = vcombine_s8(vld1_s8(x + 4 * j), vld1_s8(x + xs + 4 * j));  // 2 rows x 8 inputs
+      for (int v = 0; v < 4; ++v) {
+        const int32x4_t q0 = vreinterpretq_s32_s8(q[j][v]), q1 = vreinterpretq_s32_s8(q[j + 1][v]);
+        p[2 * v] = vmmlaq_s32(p[2 * v], a, vreinterpretq_s8_s32(vzip1q_s32(q0, q1)));  // outputs 4v, 4v+1
+        p[2 * v + 1] = vmmlaq_s32(p[2 * v + 1], a, vreinterpretq_s8_s32(vzip2q_s32(q0, q1)));  // 4v+2, 4v+3
+      }
+    }
+    for (int v = 0; v < 4; ++v) {  // (r0 o0, r0 o1, r1 o0, r1 o1) pairs -> each row's four outputs
+      const int64x2_t a = vreinterpretq_s64_s32(p[2 * v]), b = vreinterpretq_s64_s32(p[2 * v + 1]);
+      acc[0][v] = vaddq_s32(acc[0][v], vreinterpretq_s32_s64(vzip1q_s64(a, b)));
+      acc[1][v] = vaddq_s32(acc[1][v], vreinterpretq_s32_s64(vzip2q_s64(a, b)));
+    }
+    return;
+  }
+#endif
+  for (int m = 0; m < MB; ++m) {
+    const int8x16_t xv = vld1q_s8(x + m * xs);
+    for (int v = 0; v < 4; ++v) {  // the lane is an immediate: the four quads written out
+      int32x4_t a = vdotq_laneq_s32(acc[m][v], q[0][v], xv, 0);
+      a = vdotq_laneq_s32(a, q[1][v], xv, 1);
+      a = vdotq_laneq_s32(a, q[2][v], xv, 2);
+      acc[m][v] = vdotq_laneq_s32(a, q[3][v], xv, 3);
+    }
+  }
+}
+inline float32x4_t half4(const uint8_t* p) {  // 4 fp16 -> float (exact)
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+}
+inline float32x4_t bytes4_u8(const uint8_t* p) {  // 4 unsigned bytes -> float
+  uint8x8_t b = vdup_n_u8(0);
+  b = vreinterpret_u8_u32(vld1_lane_u32(reinterpret_cast<const uint32_t*>(p), vreinterpret_u32_u8(b), 0));
+  return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b))));
+}
+inline float32x4_t bytes4_s8(const uint8_t* p) {  // 4 signed bytes -> float
+  uint8x8_t b = vdup_n_u8(0);
+  b = vreinterpret_u8_u32(vld1_lane_u32(reinterpret_cast<const uint32_t*>(p), vreinterpret_u32_u8(b), 0));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b)))));
+}
+template <typename out_t>
+inline void store16(const float32x4_t v[4], out_t* y) {
+  alignas(16) float tmp[kBlock];
+  for (int i = 0; i < 4; ++i) vst1q_f32(tmp + 4 * i, v[i]);
+  store16(tmp, y);
 }
 #endif
 
@@ -157,6 +235,36 @@ inline bool quantize_block32(const in_t* x, int8_t* q, float* scale, int32_t hal
   half[1] = sum8_i32(_mm256_add_epi32(c[2], c[3]));
   return true;
 }
+#elif defined(__ARM_NEON)
+template <typename in_t>
+inline float32x4_t load4_float(const in_t* p) {
+  if constexpr (std::is_same_v<in_t, float>) {
+    return vld1q_f32(p);
+  } else {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p)), 16));
+  }
+}
+template <typename in_t>
+inline bool quantize_block32(const in_t* x, int8_t* q, float* scale, int32_t half[2]) {
+  float32x4_t v[8];
+  const float32x4_t zero = vdupq_n_f32(0.f);
+  float32x4_t mx = zero;
+  for (int i = 0; i < 8; ++i) {
+    v[i] = load4_float(x + 4 * i);
+    mx = vmaxnmq_f32(mx, vmaxnmq_f32(vabsq_f32(v[i]), zero));  // maxnm: a NaN gives way to the number, as above
+  }
+  const float amax = vmaxnmvq_f32(mx);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  *scale = amax / 127.f;
+  const float32x4_t vinv = vdupq_n_f32(inv);
+  int32x4_t c[8];
+  for (int i = 0; i < 8; ++i) c[i] = vcvtnq_s32_f32(vmulq_f32(v[i], vinv));  // to nearest even, as lrint
+  for (int i = 0; i < 8; i += 2)  // truncating narrows, as the scalar cast
+    vst1_s8(q + 4 * i, vmovn_s16(vcombine_s16(vmovn_s32(c[i]), vmovn_s32(c[i + 1]))));
+  half[0] = vaddvq_s32(vaddq_s32(vaddq_s32(c[0], c[1]), vaddq_s32(c[2], c[3])));
+  half[1] = vaddvq_s32(vaddq_s32(vaddq_s32(c[4], c[5]), vaddq_s32(c[6], c[7])));
+  return true;
+}
 #else
 template <typename in_t>
 inline bool quantize_block32(const in_t*, int8_t*, float*, int32_t*) {
@@ -205,6 +313,7 @@ void quantize_rows(const in_t* X, int64_t M, int64_t K, int64_t Kp, int64_t KB, 
   });
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // A call's rows quantized as `quantize_rows` does, into this thread's buffers (reused call after call):
 // codes with row stride Kp (zero-padded), scales and 128 x block sums, (M, KB) each, half-block sums (M, 2 KB).
 struct QuantizedRows {
@@ -229,5 +338,6 @@ const QuantizedRows& quantized_rows(const Tensor& x, int64_t Kp, int64_t KB) {
     }));
   return q;
 }
+#endif
 
 }  // namespace

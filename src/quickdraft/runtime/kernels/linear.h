@@ -117,6 +117,7 @@ inline void packed_rows(const uint16_t* x, int64_t M, int64_t xs, int64_t K2, co
   }
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // (N, K) bf16 -> (ceil(N/16), ceil(K/2), 16, 2) bf16, zero-padded
 Tensor pack_bf16(const Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
@@ -176,5 +177,6 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, int64_t N) {
   });
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+#endif
 
 }  // namespace

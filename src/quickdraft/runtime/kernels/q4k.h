@@ -37,6 +37,7 @@ inline void put_q4k(uint8_t* sup, int64_t o, const uint8_t* codes, const uint8_t
   }
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // codes (N, K) uint8 0..15, sc and mn (N, K/32) uint8 0..63, d and dmin (N, K/256) float, K a multiple of 256
 // -> (ceil(N/16), K/256, 2368) uint8 (zero-padded outputs)
 Tensor pack_q4k(const Tensor& codes, const Tensor& sc, const Tensor& mn, const Tensor& d, const Tensor& dmin) {
@@ -92,6 +93,7 @@ Tensor pack_q4k_gguf(const Tensor& raw) {
   });
   return out;
 }
+#endif
 
 template <int MB, typename out_t>
 inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, const float* sx, const float* sxq,
@@ -149,8 +151,8 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
       if constexpr (MB > 1)
         for (int l = 0; l < (c ? 256 : 256 + kQ4KCodes); l += 64)
           _mm_prefetch(reinterpret_cast<const char*>((c ? wb : sup) + kQ4KAhead + l), _MM_HINT_T0);
-      __m256i acc[MB][2];  // int16 pair sums of the whole block, as linear_w4a8's AVX2 path
-      q4_pairs_avx2<MB>(wb, x + 32 * b, xs, acc);
+      __m256i acc[MB][2];  // the block's int32 sums, as linear_w4a8's AVX2 path
+      q4_dots_avx2<MB>(wb, x + 32 * b, xs, acc);
       for (int h = 0; h < 2; ++h) {
         const auto bytes8 = [&](int64_t off) {  // 8 unsigned bytes -> float
           return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sup + off))));
@@ -158,7 +160,7 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
         const __m256 dv = _mm256_mul_ps(d[h], bytes8(kQ4KSc + kBlock * c + 8 * h));
         const __m256 mv = _mm256_mul_ps(dmin[h], bytes8(kQ4KMn + kBlock * c + 8 * h));
         for (int m = 0; m < MB; ++m) {
-          const __m256 dot = _mm256_cvtepi32_ps(quads_i16(acc[m][h]));
+          const __m256 dot = _mm256_cvtepi32_ps(acc[m][h]);
           facc[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(sx[m * sxs + b])), facc[m][h]);
           facc[m][h] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(sxq[m * sxs + b]), facc[m][h]);
         }
@@ -166,6 +168,30 @@ inline void q4k_tile(const int8_t* x, int64_t xs, int64_t KS, const uint8_t* w, 
     }
   }
   for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
+#elif defined(__ARM_FEATURE_DOTPROD)
+  float32x4_t facc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < 4; ++v) facc[m][v] = vdupq_n_f32(0.f);
+  for (int64_t s = 0; s < KS; ++s) {
+    const uint8_t* sup = w + s * kQ4KSuper;
+    float32x4_t d[4], dmin[4];
+    for (int v = 0; v < 4; ++v) d[v] = half4(sup + 8 * v), dmin[v] = half4(sup + 2 * kBlock + 8 * v);
+    for (int64_t c = 0; c < 8; ++c) {
+      const int64_t b = 8 * s + c;
+      int32x4_t acc[MB][4];
+      q4_dots_neon<MB>(sup + kQ4KCodes + 256 * c, x + 32 * b, xs, acc);
+      for (int v = 0; v < 4; ++v) {
+        float32x4_t dv = vmulq_f32(d[v], bytes4_u8(sup + kQ4KSc + kBlock * c + 4 * v));
+        const float32x4_t mv = vmulq_f32(dmin[v], bytes4_u8(sup + kQ4KMn + kBlock * c + 4 * v));
+        asm volatile("" : "+w"(dv));  // d sc stays a product before s_x multiplies it (as the scalar path)
+        for (int m = 0; m < MB; ++m) {
+          facc[m][v] = vfmaq_f32(facc[m][v], vcvtq_f32_s32(acc[m][v]), vmulq_n_f32(dv, sx[m * sxs + b]));
+          facc[m][v] = vfmsq_f32(facc[m][v], mv, vdupq_n_f32(sxq[m * sxs + b]));
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t s = 0; s < KS; ++s) {
@@ -226,6 +252,7 @@ void q4k_run(const int8_t* X, int64_t M, int64_t xs, int64_t KS, const uint8_t* 
   });
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // x (M, K) float/bf16; packed = pack_q4k of (N, K) codes -> (M, N) in x's dtype
 Tensor linear_q4k(const Tensor& x, const Tensor& packed, int64_t N) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_q4k: (M, K) CPU rows");
@@ -246,5 +273,6 @@ Tensor linear_q4k(const Tensor& x, const Tensor& packed, int64_t N) {
     q4k_run<at::BFloat16>(q.xq.data(), M, Kp, KS, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+#endif
 
 }  // namespace

@@ -20,6 +20,7 @@ namespace {
 constexpr int64_t kQ4Bytes = 4 * 64 + 2 * 2 * kBlock;
 constexpr int64_t kQ4Ahead = 24 * kQ4Bytes;  // bytes fetched ahead of the block being multiplied (7.5 KB: 16-32 blocks measured alike)
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 inline uint16_t half_bits(float f) { return c10::Half(f).x; }
 
 // codes (N, K) uint8 0..15, d and m (N, ceil(K/32)) float -> (ceil(N/16), ceil(K/32), 320) uint8 (zero-padded)
@@ -52,13 +53,14 @@ Tensor pack_q4(const Tensor& codes, const Tensor& d, const Tensor& mins) {
   });
   return out;
 }
+#endif
 
 #if defined(__AVX2__) && !defined(__AVX512VNNI__)
 // one block's four 64-byte code quads at wb (pack_q4's layout, Q4_K's too) times MB rows' 32 activations
-// at x (row stride xs): the int16 pair sums of each 8-output half, acc[m][h] (8 products of 2 x 15 x 127
-// stay below 2^15)
+// at x (row stride xs): the int32 sums of each 8-output half, acc[m][h]. Without VNNI the int16 pair sums
+// of the whole block are added first (8 products of 2 x 15 x 127 stay below 2^15), then widened once.
 template <int MB>
-inline void q4_pairs_avx2(const uint8_t* wb, const int8_t* x, int64_t xs, __m256i acc[][2]) {
+inline void q4_dots_avx2(const uint8_t* wb, const int8_t* x, int64_t xs, __m256i acc[][2]) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
   for (int j = 0; j < 4; ++j)
@@ -66,10 +68,38 @@ inline void q4_pairs_avx2(const uint8_t* wb, const int8_t* x, int64_t xs, __m256
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
       const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
       for (int m = 0; m < MB; ++m) {
-        const __m256i p = _mm256_add_epi16(pairs_u8s8(lo, bcast4(x + m * xs + 4 * j)), pairs_u8s8(hi, bcast4(x + m * xs + 16 + 4 * j)));
-        acc[m][h] = _mm256_add_epi16(acc[m][h], p);
+        const __m256i xl = bcast4(x + m * xs + 4 * j), xh = bcast4(x + m * xs + 16 + 4 * j);
+#if defined(__AVXVNNI__)
+        acc[m][h] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[m][h], lo, xl), hi, xh);
+#else
+        acc[m][h] = _mm256_add_epi16(acc[m][h], _mm256_add_epi16(pairs_u8s8(lo, xl), pairs_u8s8(hi, xh)));
+#endif
       }
     }
+#if !defined(__AVXVNNI__)
+  for (int m = 0; m < MB; ++m)
+    for (int h = 0; h < 2; ++h) acc[m][h] = quads_i16(acc[m][h]);
+#endif
+}
+#endif
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// one block's four 64-byte code quads at wb (pack_q4's layout, Q4_K's too) times MB rows' 32 activations at
+// x (row stride xs): the int32 sums of each 4-output vector, acc[m][v] (low nibbles: inputs 0-15, high: 16-31)
+template <int MB>
+inline void q4_dots_neon(const uint8_t* wb, const int8_t* x, int64_t xs, int32x4_t acc[][4]) {
+  const uint8x16_t nibble = vdupq_n_u8(0x0F);
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < 4; ++v) acc[m][v] = vdupq_n_s32(0);
+  int8x16_t lo[4][4], hi[4][4];
+  for (int j = 0; j < 4; ++j)
+    for (int v = 0; v < 4; ++v) {
+      const uint8x16_t raw = vld1q_u8(wb + 64 * j + 16 * v);
+      lo[j][v] = vreinterpretq_s8_u8(vandq_u8(raw, nibble));
+      hi[j][v] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+    }
+  dot16x16<MB>(lo, x, xs, acc);
+  dot16x16<MB>(hi, x + 16, xs, acc);
 }
 #endif
 
@@ -118,17 +148,34 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     for (int l = 0; l < kQ4Bytes; l += 64)  // every height here, as w6a8's AVX2 tile
       _mm_prefetch(reinterpret_cast<const char*>(wb + kQ4Ahead + l), _MM_HINT_T0);
     __m256i acc[MB][2];
-    q4_pairs_avx2<MB>(wb, x + 32 * b, xs, acc);
+    q4_dots_avx2<MB>(wb, x + 32 * b, xs, acc);
     for (int h = 0; h < 2; ++h) {
       const __m256 dv = half8(wb + 256 + 16 * h), mv = half8(wb + 256 + 2 * kBlock + 16 * h);
       for (int m = 0; m < MB; ++m) {
-        const __m256 dot = _mm256_cvtepi32_ps(quads_i16(acc[m][h]));
+        const __m256 dot = _mm256_cvtepi32_ps(acc[m][h]);
         facc[m][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(sx[m * sxs + b])), facc[m][h]);
         facc[m][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sxq[m * sxs + b]), facc[m][h]);
       }
     }
   }
   for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
+#elif defined(__ARM_FEATURE_DOTPROD)
+  float32x4_t facc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < 4; ++v) facc[m][v] = vdupq_n_f32(0.f);
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ4Bytes;
+    int32x4_t acc[MB][4];
+    q4_dots_neon<MB>(wb, x + 32 * b, xs, acc);
+    for (int v = 0; v < 4; ++v) {
+      const float32x4_t dv = half4(wb + 256 + 8 * v), mv = half4(wb + 256 + 2 * kBlock + 8 * v);
+      for (int m = 0; m < MB; ++m) {
+        facc[m][v] = vfmaq_f32(facc[m][v], vcvtq_f32_s32(acc[m][v]), vmulq_n_f32(dv, sx[m * sxs + b]));
+        facc[m][v] = vfmaq_f32(facc[m][v], mv, vdupq_n_f32(sxq[m * sxs + b]));
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b) {
@@ -163,6 +210,8 @@ inline void w4a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
 
 #if defined(__AVX512VNNI__)
 constexpr int kQ4Rows = 8;  // rows of a tile: 8 integer and 8 float accumulators stay in registers
+#elif defined(__ARM_FEATURE_DOTPROD)
+constexpr int kQ4Rows = 2;  // NEON's 32 registers hold 2 rows' 4 integer and 4 float accumulators beside the codes
 #else
 constexpr int kQ4Rows = 3;  // AVX2's 16 registers: 2 integer and 2 float accumulators a row
 #endif
@@ -186,6 +235,7 @@ void w4a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
   });
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // x (M, K) float/bf16; packed = pack_q4 of (N, K) codes -> (M, N) in x's dtype
 Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w4a8: (M, K) CPU rows");
@@ -206,5 +256,6 @@ Tensor linear_w4a8(const Tensor& x, const Tensor& packed, int64_t N) {
     w4a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), sxq.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+#endif
 
 }  // namespace

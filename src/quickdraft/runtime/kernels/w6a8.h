@@ -22,6 +22,8 @@ constexpr int64_t kQ6Bytes = 4 * 64 + 2 * 64 + 2 * kBlock + 2 * kBlock;
 constexpr int64_t kQ6Ahead = 16 * kQ6Bytes;  // bytes fetched ahead of the block being multiplied
 #if defined(__AVX512VNNI__)
 constexpr int kQ6Rows = 6;  // rows of a tile: 3 accumulators a row and 9 temporaries in the 32 registers
+#elif defined(__ARM_FEATURE_DOTPROD)
+constexpr int kQ6Rows = 2;  // NEON: smmla's two rows
 #else
 constexpr int kQ6Rows = 3;  // AVX2's 16 registers
 #endif
@@ -45,6 +47,7 @@ inline void put_q6(uint8_t* O, int64_t KB, int64_t nb, int64_t o, int64_t s, con
   }
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // codes (N, K) uint8 0..63, sc (N, K/16) int8, d (N, K/256) float, K a multiple of 256 -> (ceil(N/16), K/32, 448)
 Tensor pack_q6(const Tensor& codes, const Tensor& sc, const Tensor& d) {
   check_input(codes, "pack_q6: codes", at::kByte, 2);
@@ -99,6 +102,7 @@ Tensor pack_q6_gguf(const Tensor& raw) {
   });
   return out;
 }
+#endif
 
 #if defined(__AVX512VNNI__)
 // quad j's 6-bit codes: the nibbles' low 4 bits (junk above them from a 16-bit shift is dropped) and the
@@ -184,10 +188,8 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
         const __m256i hi0 = codes(_mm256_srli_epi16(v0, 4), h_hi, j), hi1 = codes(_mm256_srli_epi16(v1, 4), h_hi, j + 1);
         for (int m = 0; m < MB; ++m) {
           const int8_t* xm = x + m * xs + 32 * b;
-          lo_acc[m] = _mm256_add_epi32(lo_acc[m], quads_i16(_mm256_add_epi16(pairs_u8s8(lo0, bcast4(xm + 4 * j)),
-                                                                             pairs_u8s8(lo1, bcast4(xm + 4 * j + 4)))));
-          hi_acc[m] = _mm256_add_epi32(hi_acc[m], quads_i16(_mm256_add_epi16(pairs_u8s8(hi0, bcast4(xm + 16 + 4 * j)),
-                                                                             pairs_u8s8(hi1, bcast4(xm + 20 + 4 * j)))));
+          lo_acc[m] = dot_quads2(lo_acc[m], lo0, bcast4(xm + 4 * j), lo1, bcast4(xm + 4 * j + 4));
+          hi_acc[m] = dot_quads2(hi_acc[m], hi0, bcast4(xm + 16 + 4 * j), hi1, bcast4(xm + 20 + 4 * j));
         }
       }
       const auto bytes8 = [&](int64_t off) {  // 8 signed bytes -> float
@@ -202,6 +204,42 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
     }
   }
   for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
+#elif defined(__ARM_FEATURE_DOTPROD)
+  const uint8x16_t low4 = vdupq_n_u8(0x0F), two = vdupq_n_u8(3);
+  float32x4_t facc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < 4; ++v) facc[m][v] = vdupq_n_f32(0.f);
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* wb = w + b * kQ6Bytes;
+    int32x4_t lo_acc[MB][4], hi_acc[MB][4];
+    for (int m = 0; m < MB; ++m)  // the codes' offset of 32, taken back up front: -32 x each half's sum
+      for (int v = 0; v < 4; ++v) {
+        lo_acc[m][v] = vdupq_n_s32(-32 * h16[m * 2 * sxs + 2 * b]);
+        hi_acc[m][v] = vdupq_n_s32(-32 * h16[m * 2 * sxs + 2 * b + 1]);
+      }
+    int8x16_t lo[4][4], hi[4][4];  // quad j's 6-bit codes: the nibble, and bits 2j, 2j+1 of the high bytes as bits 4, 5
+    for (int v = 0; v < 4; ++v) {
+      const uint8x16_t h_lo = vld1q_u8(wb + 256 + 16 * v), h_hi = vld1q_u8(wb + 320 + 16 * v);
+      for (int j = 0; j < 4; ++j) {
+        const uint8x16_t raw = vld1q_u8(wb + 64 * j + 16 * v);
+        const int8x16_t down = vdupq_n_s8(static_cast<int8_t>(-2 * j));  // a right shift by 2j
+        lo[j][v] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(raw, low4), vshlq_n_u8(vandq_u8(vshlq_u8(h_lo, down), two), 4)));
+        hi[j][v] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(raw, 4), vshlq_n_u8(vandq_u8(vshlq_u8(h_hi, down), two), 4)));
+      }
+    }
+    dot16x16<MB>(lo, x + 32 * b, xs, lo_acc);
+    dot16x16<MB>(hi, x + 32 * b + 16, xs, hi_acc);
+    for (int v = 0; v < 4; ++v) {
+      const float32x4_t dv = half4(wb + 416 + 8 * v);
+      float32x4_t s_lo = vmulq_f32(dv, bytes4_s8(wb + 384 + 4 * v)), s_hi = vmulq_f32(dv, bytes4_s8(wb + 400 + 4 * v));
+      asm volatile("" : "+w"(s_lo), "+w"(s_hi));  // each scale a product before it meets the sums
+      for (int m = 0; m < MB; ++m) {
+        const float32x4_t t = vfmaq_f32(vmulq_f32(vcvtq_f32_s32(hi_acc[m][v]), s_hi), vcvtq_f32_s32(lo_acc[m][v]), s_lo);
+        facc[m][v] = vfmaq_f32(facc[m][v], t, vdupq_n_f32(sx[m * sxs + b]));
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys);
 #else
   float facc[MB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b) {
@@ -258,6 +296,7 @@ void w6a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
   });
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // x (M, K) float/bf16; packed = pack_q6 of (N, K) codes -> (M, N) in x's dtype
 Tensor linear_w6a8(const Tensor& x, const Tensor& packed, int64_t N) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "linear_w6a8: (M, K) CPU rows");
@@ -282,5 +321,6 @@ Tensor linear_w6a8(const Tensor& x, const Tensor& packed, int64_t N) {
     w6a8_run<at::BFloat16>(q.xq.data(), M, Kp, KB, W, q.sx.data(), h16.data(), y.data_ptr<at::BFloat16>(), NBk);
   return N == NBk * kBlock ? y : y.narrow(1, 0, N).contiguous();
 }
+#endif
 
 }  // namespace

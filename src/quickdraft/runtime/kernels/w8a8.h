@@ -19,6 +19,7 @@ namespace {
 // With mins (Min): + sum_b s_x[m, b] (mn[n, 2b] sum_{first 16} x_q + mn[n, 2b + 1] sum_{last 16} x_q).
 constexpr int64_t kW8Ahead = 12 * kQBlock * kBlock;  // bytes fetched ahead of the block being multiplied
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 Tensor pack_int8(const Tensor& q) {
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar, "pack_int8: a (N, K) int8 CPU weight");
   const int64_t N = q.size(0), K = q.size(1);
@@ -37,6 +38,7 @@ Tensor pack_blocks(const Tensor& v) {
   padded.narrow(0, 0, N).copy_(v);
   return padded.view({NBk, kBlock, B}).permute({0, 2, 1}).contiguous();
 }
+#endif
 
 // Min: w = s q + mn with mn per output and half-block (wm: a tile of 16 outputs' mins, (2 KB, 16) at stride ms
 // from one tile to the next; xh: the rows' half-block sums, stride 2 sxs)
@@ -106,7 +108,7 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
         const __m256i xv = bcast4(x + m * xs + 4 * k);
         for (int n = 0; n < NB; ++n)
           for (int h = 0; h < 2; ++h)
-            acc[m][n][h] = _mm256_add_epi32(acc[m][n][h], quads_i16(pairs_u8s8(wa[n][h], _mm256_sign_epi8(xv, wq[n][h]))));
+            acc[m][n][h] = dot_quads(acc[m][n][h], wa[n][h], _mm256_sign_epi8(xv, wq[n][h]));
       }
     }
     for (int n = 0; n < NB; ++n)
@@ -125,6 +127,39 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   (void)xc;
   for (int m = 0; m < MB; ++m)
     for (int n = 0; n < NB; ++n) store16(facc[m][n][0], facc[m][n][1], y + m * ys + n * kBlock);
+#elif defined(__ARM_FEATURE_DOTPROD)
+  // each group of 16 outputs in turn (their accumulators fit the 32 registers), its weights' sign moved
+  // back (q + 128 xor 128 = q): the sums are q x already, as AVX2's
+  (void)xc;
+  const uint8x16_t flip = vdupq_n_u8(0x80);
+  for (int n = 0; n < NB; ++n) {
+    float32x4_t facc[MB][4];
+    for (int m = 0; m < MB; ++m)
+      for (int v = 0; v < 4; ++v) facc[m][v] = vdupq_n_f32(0.f);
+    for (int64_t b = 0; b < KB; ++b) {
+      int32x4_t acc[MB][4];
+      for (int m = 0; m < MB; ++m)
+        for (int v = 0; v < 4; ++v) acc[m][v] = vdupq_n_s32(0);
+      for (int h = 0; h < 2; ++h) {  // the block's two halves of 16 inputs: 4 quads each
+        int8x16_t q[4][4];
+        for (int j = 0; j < 4; ++j)
+          for (int v = 0; v < 4; ++v)
+            q[j][v] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w + n * bs + (8 * b + 4 * h + j) * 4 * kBlock + 16 * v), flip));
+        dot16x16<MB>(q, x + 32 * b + 16 * h, xs, acc);
+      }
+      for (int v = 0; v < 4; ++v) {
+        const float32x4_t scale = vld1q_f32(ws + n * ss + b * kBlock + 4 * v);
+        for (int m = 0; m < MB; ++m) {
+          facc[m][v] = vfmaq_f32(facc[m][v], vcvtq_f32_s32(acc[m][v]), vmulq_n_f32(scale, sx[m * sxs + b]));
+          if constexpr (Min)
+            for (int j = 0; j < 2; ++j)
+              facc[m][v] = vfmaq_f32(facc[m][v], vld1q_f32(mn.wm + n * mn.ms + (2 * b + j) * kBlock + 4 * v),
+                                     vdupq_n_f32(sx[m * sxs + b] * mn.xh[m * 2 * sxs + 2 * b + j]));
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m) store16(facc[m], y + m * ys + n * kBlock);
+  }
 #else
   float facc[MB][NB][kBlock] = {};
   for (int64_t b = 0; b < KB; ++b)
@@ -137,12 +172,13 @@ inline void w8a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
           for (int i = 0; i < kBlock; ++i)
             for (int j = 0; j < 4; ++j) acc[i] += static_cast<int32_t>(xk[j]) * static_cast<int32_t>(wk[4 * i + j]);
         }
-        for (int i = 0; i < kBlock; ++i) {
-          facc[m][n][i] += static_cast<float>(acc[i] - xc[m * sxs + b]) *
-                           static_cast<float>(ws[n * ss + b * kBlock + i]) * sx[m * sxs + b];
+        for (int i = 0; i < kBlock; ++i) {  // the vector paths' fused multiply-adds, in their order
+          facc[m][n][i] = std::fma(static_cast<float>(acc[i] - xc[m * sxs + b]), ws[n * ss + b * kBlock + i] * sx[m * sxs + b],
+                                   facc[m][n][i]);
           if constexpr (Min)
             for (int j = 0; j < 2; ++j)
-              facc[m][n][i] += mn.wm[n * mn.ms + (2 * b + j) * kBlock + i] * (sx[m * sxs + b] * mn.xh[m * 2 * sxs + 2 * b + j]);
+              facc[m][n][i] = std::fma(mn.wm[n * mn.ms + (2 * b + j) * kBlock + i],
+                                       sx[m * sxs + b] * static_cast<float>(mn.xh[m * 2 * sxs + 2 * b + j]), facc[m][n][i]);
         }
       }
   for (int m = 0; m < MB; ++m)
@@ -199,6 +235,7 @@ void w8a8_run(const int8_t* X, int64_t M, int64_t xs, int64_t KB, const uint8_t*
   });
 }
 
+#if !defined(QUICKDRAFT_NO_TORCH)  // torch's glue: the tiles around it build without torch (scripts/arm_check.sh)
 // x (M, K) float/bf16; packed = pack_int8(q) of (N, K) int8 weights; scales = pack_blocks of their (N, K/32)
 // float block scales, with Min followed by their mins per 16 inputs (pack_blocks of (N, K/32 + K/16)
 // values: w = s q + mn) -> (M, N) in x's dtype
@@ -232,5 +269,6 @@ Tensor linear_w8a8(const Tensor& x, const Tensor& packed, const Tensor& scales, 
 Tensor linear_w8a8_min(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
   return w8a8_forward<true>(x, packed, scales, N);
 }
+#endif
 
 }  // namespace
