@@ -3,7 +3,8 @@
 //   block_ops.h     add_rms_norm, rope_store, silu_mul, gelu_tanh_mul       (runtime/forward/llama_block.py)
 //   attention.h     attend                                                  (runtime/forward/llama_block.py)
 //   linear.h        pack_bf16, linear_packed                                (runtime/kernels/linear.py)
-//   int8_rows.h     the int8-activation linears' shared parts: the rows' quantization, stores
+//   int8_dots.h     the int8 tiles' shared ground: stores, row dispatch, each level's dot products
+//   int8_rows.h     the int8-activation linears' rows: their quantization
 //   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/kernels/w8a8.py)
 //   w4a8.h          pack_q4, linear_w4a8                                    (runtime/kernels/w4a8.py)
 //   w6a8.h          pack_q6, linear_w6a8                                    (runtime/kernels/w6a8.py)

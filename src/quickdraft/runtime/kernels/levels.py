@@ -49,7 +49,7 @@ LIBOMP = Path("/opt/homebrew/opt/libomp")  # Homebrew's libomp on an Arm Mac (/u
 
 
 def arch(machine: str | None = None) -> str:
-    """"x86_64", "aarch64" or "other" for `machine` (default: this one's `platform.machine()`)."""
+    """ "x86_64", "aarch64" or "other" for `machine` (default: this one's `platform.machine()`)."""
     name = (machine or platform.machine()).lower()
     return "x86_64" if name in ("x86_64", "amd64") else "aarch64" if name in ("aarch64", "arm64") else "other"
 

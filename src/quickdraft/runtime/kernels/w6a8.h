@@ -104,17 +104,6 @@ Tensor pack_q6_gguf(const Tensor& raw) {
 }
 #endif
 
-#if defined(__AVX512VNNI__)
-// quad j's 6-bit codes: the nibbles' low 4 bits (junk above them from a 16-bit shift is dropped) and the
-// high-bit vector's bits 2j, 2j+1 moved to bits 4, 5 (what a 16-bit shift carries across a byte lands
-// outside 0x30); (A & C) | B over A = nibbles, B = high bits, C = 0x0F is ternary logic 0xEC
-template <int J>
-inline __m512i q6_codes(__m512i nibbles, __m512i high, __m512i low4, __m512i bits45) {
-  if constexpr (J < 2) high = _mm512_slli_epi16(high, 4 - 2 * J);
-  if constexpr (J == 3) high = _mm512_srli_epi16(high, 2);
-  return _mm512_ternarylogic_epi32(nibbles, _mm512_and_si512(high, bits45), low4, 0xEC);
-}
-#endif
 
 // one block's 16 outputs: t = (float)acc_hi * s_hi, then fma((float)acc_lo, s_lo, t), then fma(t, s_x, y)
 template <int MB, typename out_t>
@@ -146,10 +135,8 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
         hi_acc[m] = _mm512_dpbusd_epi32(hi_acc[m], hi, _mm512_set1_epi32(q1));
       }
     };
-    quad(std::integral_constant<int, 0>{});
-    quad(std::integral_constant<int, 1>{});
-    quad(std::integral_constant<int, 2>{});
-    quad(std::integral_constant<int, 3>{});
+    quad(std::integral_constant<int, 0>{}), quad(std::integral_constant<int, 1>{});
+    quad(std::integral_constant<int, 2>{}), quad(std::integral_constant<int, 3>{});
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 416)));
     const __m512 s_lo = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 384)))));
     const __m512 s_hi = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 400)))));
@@ -166,8 +153,8 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* wb = w + b * kQ6Bytes;
     // fetched ahead at every tile height here, the one-row step too: without it AVX2's one-row call took longer
-    // than its two-row one (8960x1536, 2 threads, AVX-512 EPYC's AVX2 build, stop 75, three A/B pairs: 0.28-0.35
-    // against 0.23-0.24 ms; the AVX-512 path gained nothing from it and keeps fetching for taller tiles only)
+    // than its two-row one (stop 75's A/B in docs/benchmarks.md; the AVX-512 path gained nothing from it and
+    // keeps fetching for taller tiles only)
     for (int l = 0; l < kQ6Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + kQ6Ahead + l), _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {  // each 8-output half in turn: its 4 accumulators a row fit the 16 registers
       __m256i lo_acc[MB], hi_acc[MB];
@@ -177,15 +164,11 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
       }
       const __m256i h_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 32 * h));
       const __m256i h_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 320 + 32 * h));
-      const auto codes = [&](__m256i nibbles, __m256i high, int j) {  // quad j's 6-bit codes (see q6_codes)
-        const __m256i top = j < 2 ? _mm256_slli_epi16(high, 4 - 2 * j) : j == 3 ? _mm256_srli_epi16(high, 2) : high;
-        return _mm256_or_si256(_mm256_and_si256(nibbles, low4), _mm256_and_si256(top, bits45));
-      };
       for (int j = 0; j < 4; j += 2) {  // two quads' int16 pairs at once: 2 x 2 x 63 x 127 < 2^15
         const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * j + 32 * h));
         const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * (j + 1) + 32 * h));
-        const __m256i lo0 = codes(v0, h_lo, j), lo1 = codes(v1, h_lo, j + 1);
-        const __m256i hi0 = codes(_mm256_srli_epi16(v0, 4), h_hi, j), hi1 = codes(_mm256_srli_epi16(v1, 4), h_hi, j + 1);
+        const __m256i lo0 = q6_codes_avx2(v0, h_lo, j, low4, bits45), lo1 = q6_codes_avx2(v1, h_lo, j + 1, low4, bits45);
+        const __m256i hi0 = q6_codes_avx2(_mm256_srli_epi16(v0, 4), h_hi, j, low4, bits45), hi1 = q6_codes_avx2(_mm256_srli_epi16(v1, 4), h_hi, j + 1, low4, bits45);
         for (int m = 0; m < MB; ++m) {
           const int8_t* xm = x + m * xs + 32 * b;
           lo_acc[m] = dot_quads2(lo_acc[m], lo0, bcast4(xm + 4 * j), lo1, bcast4(xm + 4 * j + 4));
@@ -205,7 +188,6 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
   }
   for (int m = 0; m < MB; ++m) store16(facc[m][0], facc[m][1], y + m * ys);
 #elif defined(__ARM_FEATURE_DOTPROD)
-  const uint8x16_t low4 = vdupq_n_u8(0x0F), two = vdupq_n_u8(3);
   float32x4_t facc[MB][4];
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < 4; ++v) facc[m][v] = vdupq_n_f32(0.f);
@@ -217,16 +199,8 @@ inline void w6a8_tile(const int8_t* x, int64_t xs, int64_t KB, const uint8_t* w,
         lo_acc[m][v] = vdupq_n_s32(-32 * h16[m * 2 * sxs + 2 * b]);
         hi_acc[m][v] = vdupq_n_s32(-32 * h16[m * 2 * sxs + 2 * b + 1]);
       }
-    int8x16_t lo[4][4], hi[4][4];  // quad j's 6-bit codes: the nibble, and bits 2j, 2j+1 of the high bytes as bits 4, 5
-    for (int v = 0; v < 4; ++v) {
-      const uint8x16_t h_lo = vld1q_u8(wb + 256 + 16 * v), h_hi = vld1q_u8(wb + 320 + 16 * v);
-      for (int j = 0; j < 4; ++j) {
-        const uint8x16_t raw = vld1q_u8(wb + 64 * j + 16 * v);
-        const int8x16_t down = vdupq_n_s8(static_cast<int8_t>(-2 * j));  // a right shift by 2j
-        lo[j][v] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(raw, low4), vshlq_n_u8(vandq_u8(vshlq_u8(h_lo, down), two), 4)));
-        hi[j][v] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(raw, 4), vshlq_n_u8(vandq_u8(vshlq_u8(h_hi, down), two), 4)));
-      }
-    }
+    int8x16_t lo[4][4], hi[4][4];
+    q6_codes_neon(wb, lo, hi);
     dot16x16<MB>(lo, x + 32 * b, xs, lo_acc);
     dot16x16<MB>(hi, x + 32 * b + 16, xs, hi_acc);
     for (int v = 0; v < 4; ++v) {
