@@ -8,7 +8,8 @@ free loopback port, waits for /health and warms up. Then, at each concurrency le
 share one after another: N = 1 is every request alone, one at a time; N = --requests sends all at
 once. Per level: every status, aggregate tokens/s (completion tokens / the level's wall time), each
 request's latency (p50, max), /metrics after the level, and how many answers are the same text as the
-same request's alone (N = 1; greedy: each stream's text must not depend on the rows beside it). The
+same request's alone (N = 1; greedy: each stream's text must not depend on the rows beside it), and the
+server's resident and peak memory (/health) after the level. The
 server stops afterwards; the run stops by itself. Writes report.json and load.png (throughput and p50
 latency against concurrency).
 
@@ -102,6 +103,7 @@ def sweep(server_args: list[str], prompts: list[str], levels: list[int], max_tok
                 "latency_p50_s": round(statistics.median(lat), 3) if lat else None,
                 "latency_max_s": round(max(lat), 3) if lat else None,
                 "pending_after": metric(url, "quickdraft:num_requests_pending"),
+                "server_memory_mib": {k: v for k, v in httpx.get(url + "/health").json().items() if k != "status"},
                 "rows": rows,
             }
             print(json.dumps({k: v for k, v in level.items() if k != "rows"}), flush=True)

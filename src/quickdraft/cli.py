@@ -72,7 +72,10 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, help="default 8000")
     srv.add_argument("--model-name", dest="model_name", help="the model id clients send (default: the target's name)")
     srv.add_argument(
-        "--max-queue", dest="max_queue", type=int, help="requests allowed to wait (default 8); more get 429"
+        "--max-queue",
+        dest="max_queue",
+        type=int,
+        help="requests allowed to wait (default: sized by this host's free memory); more get 429",
     )
     srv.add_argument(
         "--max-batch",

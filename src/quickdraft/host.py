@@ -82,13 +82,34 @@ def cpu_features() -> frozenset[str]:
     return features_of(cpu_fields(), _sysctl(keys) if mac else {})
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this host can give without swapping (Linux: /proc/meminfo's MemAvailable; macOS:
+    free and inactive pages), or None where neither can be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if platform.system() == "Darwin":
+        try:
+            text = subprocess.run(["vm_stat"], capture_output=True, text=True, timeout=10).stdout
+            page = int(re.search(r"page size of (\d+)", text).group(1))
+            pages = sum(int(re.search(rf"{k}:\s+(\d+)", text).group(1)) for k in ("Pages free", "Pages inactive"))
+            return page * pages
+        except (OSError, subprocess.SubprocessError, AttributeError, ValueError):
+            return None
+    return None
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512-BF16 or AMX): there bf16 autocast pays."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_features())
 
 
 def cpu_model() -> str:
-    brand = _sysctl(["machdep.cpu.brand_string"]).get("machdep.cpu.brand_string") if platform.system() == "Darwin" else None
+    mac = platform.system() == "Darwin"
+    brand = _sysctl(["machdep.cpu.brand_string"]).get("machdep.cpu.brand_string") if mac else None
     return cpu_fields().get("model name") or brand or platform.processor() or platform.machine()
 
 

@@ -21,7 +21,7 @@ class ServeConfig:
     model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    max_queue: int = 8
+    max_queue: int | None = None  # None: sized by this host's free memory (server/admission.queue_size)
     max_batch: int | None = None  # None: fitted to the host (the measured batched cost surface)
     default_max_tokens: int = 256
     max_body_bytes: int = 4 * 1024 * 1024
@@ -30,7 +30,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in ("port", "max_queue", "default_max_tokens", "max_body_bytes", "max_batch", "max_prompt_tokens"):
             value = getattr(self, name)
-            if name in ("max_batch", "max_prompt_tokens") and value is None:
+            if name in ("max_queue", "max_batch", "max_prompt_tokens") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
                 raise QuickdraftError(f"serve setting {name} must be a positive integer, got {value!r}")

@@ -14,10 +14,27 @@ from fastapi import Request
 
 from quickdraft.engine import Engine
 from quickdraft.errors import ContextLengthError, QuickdraftError
+from quickdraft.host import available_memory
 from quickdraft.server.protocol import APIError, CompletionRequest, parse_request
 from quickdraft.server.worker import Worker
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # default request size limit (413 above it)
+QUEUE_CAP = 4096  # the most waiting requests a memory-sized queue holds
+TOKEN_BYTES = 36  # a prompt id held in a Python list (an int object and its pointer)
+MAX_CONTEXT = 131072  # the most prompt ids a waiting request can hold (no model here has a longer context)
+
+
+def queue_size(given: int | None, max_body_bytes: int, available: int | None = None) -> int:
+    """The requests allowed to wait beyond the running batch: `given` when set, else sized by memory. A
+    waiting request holds its body (at most `max_body_bytes`) and its prompt ids, no KV cache (rows take
+    theirs when they join the batch), so half of this host's free memory over that bound, at least 8
+    (the old fixed default) and at most QUEUE_CAP."""
+    if given is not None:
+        return given
+    free = available_memory() if available is None else available
+    if free is None:
+        return 8
+    return max(8, min(QUEUE_CAP, free // 2 // (max_body_bytes + TOKEN_BYTES * MAX_CONTEXT)))
 
 
 @dataclass
@@ -66,7 +83,8 @@ class Admission:
             rate = warm_up(engine) if self.warm else None  # before ready: the first request runs warm
             if self.state["max_prompt_tokens"] is None:  # what this host prefills in about a minute
                 limit = engine.context_length if rate is None else int(rate * PREFILL_SECONDS)
-                self.state["max_prompt_tokens"] = max(WARM_TOKENS, min(engine.context_length, limit))
+                floor = min(WARM_TOKENS, engine.context_length)
+                self.state["max_prompt_tokens"] = max(floor, min(engine.context_length, limit))
             self.worker.prepare(engine)
             self.state["name"] = self.state["name"] or engine.target_info.name
             self.state["engine"] = engine
@@ -145,7 +163,8 @@ class Admission:
 
 
 PREFILL_SECONDS = 60  # the default prompt limit: what this host prefills in about this long
-WARM_TOKENS = 256  # the warm-up prompt's length
+WARM_TOKENS = 256  # the warm-up prompt's length (shorter where the context is: prompt + WARM_NEW fit it)
+WARM_NEW = 8  # the warm-up generation's new tokens
 
 
 def warm_up(engine: Engine) -> float | None:
@@ -154,9 +173,10 @@ def warm_up(engine: Engine) -> float | None:
     Returns the prompt tokens per second its prefill took (None without a tokenizer to make one)."""
     if engine.prompts.tokenizer is None:
         return None
-    text = "def add(a, b):\n    return a + b\n\n" * WARM_TOKENS
-    ids = engine.encode(text, raw=True)[:WARM_TOKENS]
-    result = engine.generate(ids, max_new_tokens=8, temperature=0.0)
+    new = min(WARM_NEW, max(1, engine.context_length // 4))  # a short context still warms up (and gets ready)
+    text = ("def add(a, b):\n    return a + b\n\n" * WARM_TOKENS)[: engine.context_length]  # a token >= a char
+    ids = engine.encode(text, raw=True)[: min(WARM_TOKENS, engine.context_length - new)]
+    result = engine.generate(ids, max_new_tokens=new, temperature=0.0)
     return len(ids) / max(result.stats.prefill_s, 1e-6)
 
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quickdraft.engine import Engine
-from quickdraft.server.admission import MAX_BODY_BYTES, Admission
+from quickdraft.server.admission import MAX_BODY_BYTES, Admission, queue_size
 from quickdraft.server.batcher import Batcher
 from quickdraft.server.infill import completion_body, infill_response
 from quickdraft.server.metrics import CountRequests, Metrics, memory
@@ -35,7 +35,7 @@ def error_response(err: APIError, headers: dict | None = None) -> JSONResponse:
 def create_app(
     load_engine: Callable[[], Engine],
     model_name: str | None = None,
-    max_queue: int = 8,
+    max_queue: int | None = None,
     default_max_tokens: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_batch: int | None = None,
@@ -44,9 +44,10 @@ def create_app(
 ) -> FastAPI:
     """Build the app; `load_engine` runs in a background thread at start-up, then a warm-up generation
     (`warm`; health is 503 until both are done). Requests run together, up to `max_batch` at once
-    (None: fitted to the host; server/batcher.py); prompts over `max_prompt_tokens` get 400 (None:
-    what this host prefilled in about a minute at warm-up)."""
-    worker, metrics = Batcher(max_queue, max_batch), Metrics()
+    (None: fitted to the host; server/batcher.py) and up to `max_queue` wait (None: sized by free memory,
+    `queue_size`); prompts over `max_prompt_tokens` get 400 (None: what this host prefilled in about a
+    minute at warm-up)."""
+    worker, metrics = Batcher(queue_size(max_queue, max_body_bytes), max_batch), Metrics()
     admission = Admission(load_engine, worker, model_name, default_max_tokens, max_body_bytes, max_prompt_tokens, warm)
 
     @asynccontextmanager
@@ -84,6 +85,8 @@ def create_app(
         metrics.running.set(worker.running)
         metrics.waiting.set(max(0, worker.pending - worker.running))
         metrics.max_batch.set(worker.capacity)
+        if admission.state["engine"] is not None:
+            metrics.chose(admission.state["engine"].choices)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def busy() -> Response:

@@ -38,7 +38,7 @@ class Batcher(Worker):
     """A Worker whose generations run together (module docstring).
 
     Args:
-        max_queue: requests allowed to wait beyond the running batch.
+        max_queue: requests allowed to wait beyond the running batch (create_app sizes it: admission.queue_size).
         max_batch: the most requests decoded together (None: fitted to the host by the engine).
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
 
 from quickdraft.types import GenerationResult
 
@@ -36,6 +36,15 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.peak = Gauge("quickdraft:peak_resident_memory_bytes", "the process's peak resident memory", registry=r)
         self.peak.set_function(peak_rss)
+        self.defaults = Info("quickdraft:defaults", "what the defaults chose (weights, drafter) and why", registry=r)
+
+    def chose(self, choices: dict[str, str]) -> None:
+        """The engine's defaults (`Engine.choices`: {"weights": "VALUE: why", ...}) as labels."""
+        labels = {}
+        for what, text in choices.items():
+            value, _, why = text.partition(": ")
+            labels[what], labels[f"{what}_reason"] = value, why
+        self.defaults.info(labels)
 
     def observe(self, result: GenerationResult) -> None:
         s = result.stats
