@@ -7,6 +7,7 @@ with one line (`PeerSkipped`); a worker that dies fails it with one line (`PeerC
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -15,10 +16,26 @@ from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, PeerSkipped
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.loading import LoadedModel
 
+PEER_CONTEXT = 4096  # the context a peer loads with unless a bench's prompts need more
+_needed = [0]  # the positions the running bench's longest prompt and answer take (`sized_for`)
+
+
+@contextlib.contextmanager
+def sized_for(positions: int):
+    """Peers built inside load a context of at least `positions` (a bench's longest prompt plus its new
+    tokens), so an 8k-31k-token prompt runs on them as on ours."""
+    _needed[0] = positions
+    try:
+        yield
+    finally:
+        _needed[0] = 0
+
 
 def peer_context(target: LoadedModel) -> int:
-    """The context a peer loads the target with: the model's, at most 4,096 positions."""
-    return min(int(getattr(target.model.config, "max_position_embeddings", 4096)), 4096)
+    """The context a peer loads the target with: PEER_CONTEXT, or what the bench's prompts need
+    (`sized_for`), at most the model's."""
+    limit = int(getattr(target.model.config, "max_position_embeddings", PEER_CONTEXT))
+    return min(limit, max(PEER_CONTEXT, _needed[0]))
 
 
 class GgufPeer:

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.bench.datasets import load_prompts
+from quickdraft.bench.gguf_peer import sized_for
 from quickdraft.bench.memory import TreePeak, peak_rss_mib
 from quickdraft.bench.methods import QuickdraftMethod, build_method
 from quickdraft.bench.metrics import summarize
@@ -99,12 +100,14 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
     methods = {}
     # plain decoding of the bench's own weights first: every other row is compared with its output
     specs = sorted(specs, key=lambda s: not (plain[s.text] and weights_of[s.text] == config.quantize))
-    for s in specs:
-        if s.text not in failed.reasons:
-            with failed.guard(s.text, methods):
-                methods[s.text] = build_method(s, target, config.dtype, config.runtime, config.quantize)
     codec = PromptCodec.for_target(target)
     prompt_ids = {r.question_id: codec.encode(r.prompt) for r in records}
+    longest = max((len(ids) for ids in prompt_ids.values()), default=0) + config.max_new_tokens
+    with sized_for(longest):  # the peers' context fits the longest prompt
+        for s in specs:
+            if s.text not in failed.reasons:
+                with failed.guard(s.text, methods):
+                    methods[s.text] = build_method(s, target, config.dtype, config.runtime, config.quantize)
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ from quickdraft.runtime.forward.native import NativeLlama
 from quickdraft.runtime.kernels.linear import Linear
 from quickdraft.types import TargetOutput
 
+PREFILL_CHUNK = 2048  # rows of a long causal run (a prompt's prefill) per forward: its mask is chunk x context
+
 
 class ShallowPass:
     """A handle on the target's first `stop` layers over the target's own cache, the one thing a
@@ -184,13 +186,27 @@ class NativeCachedModel(TokenCacheVerbs):
             )  # fmt: skip
         else:
             ids = torch.tensor(list(tokens), dtype=torch.long, device=self.net.device)
-            x, kept = self.net.forward(self.cache, at, ids, positions=pos, tree_mask=tree_mask, keep_hidden=keep_hidden)
+            x, kept = self._forward_ids(at, ids, pos, tree_mask, keep_hidden)
         self._shallow = []
         self._block_start = at
         self.num_forwards += 1
         self.tokens.extend(int(t) for t in tokens)
         self.cache.length = self.length
         return TargetOutput(self.logits(x[-1:] if last_only else x), kept, x if features else None)
+
+    def _forward_ids(self, at: int, ids: torch.Tensor, pos, tree_mask, keep_hidden) -> tuple[torch.Tensor, dict]:
+        """`net.forward` over new ids; a long causal run (a prompt's prefill) in chunks of PREFILL_CHUNK
+        rows, each over the context before it, so no mask is wider than a chunk's rows (a whole 31k-token
+        prompt's would be 31k x 31k); each row attends to the same keys either way."""
+        n = ids.shape[0]
+        if tree_mask is not None or pos is not None or n <= PREFILL_CHUNK:
+            return self.net.forward(self.cache, at, ids, positions=pos, tree_mask=tree_mask, keep_hidden=keep_hidden)
+        parts, kept_parts = [], []
+        for i in range(0, n, PREFILL_CHUNK):
+            x, kept = self.net.forward(self.cache, at + i, ids[i : i + PREFILL_CHUNK], keep_hidden=keep_hidden)
+            parts.append(x)
+            kept_parts.append(kept)
+        return torch.cat(parts), {k: torch.cat([kp[k] for kp in kept_parts]) for k in kept_parts[0]}
 
     def shallow_pass(self, stop: int) -> ShallowPass:
         """The handle a self-drafting drafter gets: layers [0, stop) over this cache."""
