@@ -183,6 +183,49 @@ def test_the_kernel_a_shape_takes_falls_back_in_order(monkeypatch):
     assert linear.kind_for((32, 4)) == "onednn"
 
 
+def test_f_linear_is_probed_per_shape_too(monkeypatch):
+    """Issue #80: where `packing` picks F.linear (None), a shape where F.linear is not exact takes an
+    exact kernel, not F.linear unprobed (the rule before took it as it was)."""
+    monkeypatch.setattr(linear, "packing", lambda shape=None: None)
+    monkeypatch.setattr(linear, "_available", lambda kind: kind == "fused")
+    monkeypatch.setattr(linear, "exact_at", lambda shape, kind: (kind is None and shape == (4, 4)) or kind == "fused")
+    assert [linear.kind_for(s) for s in [(4, 4), (8, 4)]] == [None, "fused"]  # F.linear where exact, else packed
+    monkeypatch.setattr(linear, "exact_at", lambda shape, kind: kind is None and shape == (4, 4))
+    assert [linear.kind_for(s) for s in [(4, 4), (8, 4)]] == [None, "rows"]
+
+
+def test_every_verify_width_is_probed():
+    """Issue #80: widths were probed at 2, 9, 17 and 33 only; a kernel inexact at 5 rows alone is caught."""
+    assert set(range(2, 34)) <= set(linear.EXACT_PROBE_ROWS)
+    w = torch.randn(24, 32, dtype=torch.bfloat16)
+    x = torch.randn(33, 32, dtype=torch.bfloat16)
+
+    def at_five(r):
+        out = F.linear(r.float(), w.float())
+        return (out * (1 + 2**-8) if r.shape[0] == 5 else out).to(torch.bfloat16)
+
+    rows = lambda r: torch.cat([F.linear(row.float(), w.float()).to(torch.bfloat16) for row in r.split(1)])  # noqa: E731
+    assert linear._exact(rows, x) and not linear._exact(at_five, x)
+
+
+def test_the_rows_kernel_runs_batched_input_one_row_at_a_time(monkeypatch):
+    """Issue #80: the server's batched forward passes (batch, width, in) rows; the rows kernel skipped
+    them (3-D), so they took F.linear over many rows exactly where nothing was exact."""
+    import types
+
+    monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "rows")
+    w = torch.randn(40, 32, dtype=torch.bfloat16)
+    lin = Linear(w, pack=True)
+    seen = []
+    monkeypatch.setattr(
+        linear, "F", types.SimpleNamespace(linear=lambda x, w: seen.append(x.shape[0]) or F.linear(x, w))
+    )
+    x = torch.randn(2, 3, 32, dtype=torch.bfloat16)
+    y = lin(x)
+    assert y.shape == (2, 3, 40) and seen == [1] * 6
+    assert torch.equal(y, torch.stack([torch.cat([F.linear(r, w) for r in b.split(1)]) for b in x]))
+
+
 def test_the_rows_kernel_gives_one_row_bits(monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "rows")
     w = torch.randn(40, 32, dtype=torch.bfloat16)
@@ -216,3 +259,7 @@ def test_greedy_speculation_equals_plain_decoding_in_bf16_whatever_the_kernel(fo
         assert b.stats.num_draft_tokens > 0
         if exact:
             assert b.token_ids == a.token_ids
+    if forced == "rows":
+        assert exact  # one row at a time: exact by construction
+    if not exact:  # nothing to hold it to (the default never takes it): said, not passed silently
+        pytest.skip(f"the {forced} kernel is not exact on this host: its verify may round otherwise")

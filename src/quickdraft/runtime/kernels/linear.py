@@ -3,12 +3,10 @@ of the kernels whose k-row sums are their one-row sums (exact: the default; `pac
 
 Two packed kernels exist: quickdraft's own (`runtime/kernels/fused.cpp`: `pack_bf16`/`linear_packed`,
 the weight laid out in 16-output blocks of column pairs for AVX512-BF16's vdpbf16ps, streamed once per
-call whatever the rows, no horizontal sums) and oneDNN's (`mkldnn._linear_pointwise`). Measured on an
-AMD EPYC with AVX-512-BF16 (2 threads; scripts/step_profile.py, docs/benchmarks.md "The step at the
-floor"): the 60 gate/up-shaped weights of a step streamed from memory took 3.8 ms with ours against
-5.8 with oneDNN's at one row (28 against 18 GB/s) and 6.5 against 7.6 ms at 17 rows; the LM head
-1.9 against 2.4 ms. On an Intel Xeon earlier, oneDNN's packed kernel beat aten's bf16 matmul 1.9x at
-one row. Hosts differ, so the choice is measured, not assumed, once per host (kept in the cache folder):
+call whatever the rows, no horizontal sums) and oneDNN's (`mkldnn._linear_pointwise`). Which is faster
+depends on the host (scripts/step_profile.py, docs/benchmarks.md "The step at the floor": ours won on an
+AVX-512-BF16 EPYC at 1 and 17 rows, oneDNN's on an AMX Xeon against aten's bf16 matmul). Hosts differ,
+so the choice is measured, not assumed, once per host (kept in the cache folder):
 `packing()` times the candidates on a model-sized weight at 1 and 9 rows, and each weight shape then
 takes that kernel where it is exact at that shape too, else another exact one (`kind_for`: a kernel's
 rounding can change with the shape); `QUICKDRAFT_PACKED_LINEAR=fastest` drops the exactness rule,
@@ -58,7 +56,7 @@ def _packed_call(x: torch.Tensor, packed: torch.Tensor, kind: str = "onednn", ou
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-EXACT_PROBE_ROWS = (2, 9, 17, 33)  # verify widths probed: a k-row call must give k one-row calls' bits
+EXACT_PROBE_ROWS = tuple(range(2, 34))  # every verify width a tree or chain takes: k rows give k one-row calls' bits
 
 
 def packing(shape: tuple[int, int] = (1536, 576)) -> str | None:
@@ -140,7 +138,7 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = 
     QUICKDRAFT_PACKED_LINEAR."""
     from quickdraft.host import cache_dir
 
-    raw = _host_key(shape) + ("-exact" if exact else "-fastest")
+    raw = _host_key(shape) + ("-exact33" if exact else "-fastest")  # exact33: every width 2-33 probed
 
     def decode(stored: dict) -> str | None:
         choice = stored["choice"]
@@ -152,16 +150,17 @@ def _kept(shape: tuple[int, int], candidates: list[str], measure, exact: bool = 
 
 
 def kind_for(shape: tuple[int, int]) -> str | None:
-    """The kernel a bf16 linear over an (out, in) weight takes: `packing()`'s, where in the exact
+    """The kernel a bf16 linear over an (out, in) weight takes: `packing()`'s (F.linear's None too), where in the exact
     default it is exact at this shape too (`exact_at`: a kernel's blocking, and with it its rounding,
     changes with the shape; oneDNN's bf16 matmul on an AMD EPYC is exact at 1536x576, where `packing`
     probes, and not at 576x1536, the embedded default's down projection); else the other packed kernel
     where that one is; else `F.linear` where it is; else "rows". A forced kernel and the `fastest`
     opt-in are taken as they are."""
     kind = packing()
-    if kind not in KINDS or os.environ.get("QUICKDRAFT_PACKED_LINEAR") is not None:
+    if kind == "rows" or os.environ.get("QUICKDRAFT_PACKED_LINEAR") is not None:
         return kind
-    for candidate in (kind, *(k for k in KINDS if k != kind and _available(k)), None):
+    others = [k for k in KINDS if k != kind and _available(k)] + ([None] if kind is not None else [])
+    for candidate in (kind, *others):  # packing's pick first, F.linear's None probed per shape too
         if exact_at(tuple(shape), candidate):
             return candidate
     return "rows"
@@ -188,7 +187,7 @@ def exact_at(shape: tuple[int, int], kind: str | None) -> bool:
 
         from quickdraft.host import cache_dir
 
-        path = cache_dir() / "costs" / f"exact-{safe_name(_host_key(shape) + '-' + (kind or 'F.linear'))}.json"
+        path = cache_dir() / "costs" / f"exact33-{safe_name(_host_key(shape) + '-' + (kind or 'F.linear'))}.json"
         _EXACT_AT[key] = bool(kept(path, probe, lambda ok: {"exact": ok}, lambda stored: bool(stored["exact"])))
     return _EXACT_AT[key]
 
@@ -226,11 +225,12 @@ class Linear:
         self.packed = _pack(weight, self.kind) if self.kind in KINDS else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(n, in) -> (n, out)."""
+        """(..., in) -> (..., out)."""
         if self.packed is not None and _inference(x):
             return _packed_call(x, self.packed, self.kind, self.weight.shape[0])
-        if self.kind == "rows" and x.dim() == 2 and x.shape[0] > 1 and _inference(x):
-            return torch.cat([F.linear(row, self.weight) for row in x.split(1)])
+        if self.kind == "rows" and x.dim() >= 2 and x[..., 0].numel() > 1 and _inference(x):  # batched rows too
+            flat = x.reshape(-1, x.shape[-1])
+            return torch.cat([F.linear(row, self.weight) for row in flat.split(1)]).view(*x.shape[:-1], -1)
         return F.linear(x, self.weight)
 
 
