@@ -1,4 +1,4 @@
-"""Store trained draft weights packed (int8 rows or int4 groups; models/weight_files.py), in place.
+"""Store trained draft weights packed (int8 rows or int4 groups; weights/weight_files.py), in place.
 
     python scripts/pack_assets.py --bits 8 src/quickdraft/assets/head/smollm2-135m-instruct/draft_head.safetensors
 

@@ -216,7 +216,7 @@ def test_rows_have_the_target_law_at_t1(model, monkeypatch, drafter):
 
 
 def test_plan_reads_the_surface():
-    # measured on the 2-core AVX-512-BF16 host of this round (scripts: models/batch_costs.py)
+    # measured on the 2-core AVX-512-BF16 host of this round (costs/batch_costs.py)
     rows = {1: [1.0, 1.07, 1.16, 1.45, 2.03], 4: [1.13, 1.49, 2.39, 3.62, 5.57], 16: [2.3, 3.53, 6.89, 11.0, 19.68]}
     surface = {(b, w): v for b, vs in rows.items() for w, v in zip((1, 2, 5, 9, 17), vs, strict=True)}
     gain = {1: 1.5, 4: 2.07, 8: 2.3, 16: 2.47}

@@ -159,7 +159,7 @@ def test_training_from_a_cache_learns_and_resumes_exactly(tmp_path):
     first = sum(r["loss"] for r in hist[:5]) / 5
     last = sum(r["loss"] for r in hist[-5:]) / 5
     assert last < 0.5 * first
-    assert d.target.model.model.layers[0].mlp.up_proj.weight.grad is None  # no target forward/backward
+    assert d.target.model.model.layers[0].mlp.up_proj.weight.grad is None  # no target forward or backward
     straight = _cached_distiller(tmp_path / "b", folder, steps=6)
     straight.train(progress=False)
     _cached_distiller(tmp_path / "c", folder, steps=3).train(progress=False)

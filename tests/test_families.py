@@ -1,4 +1,4 @@
-"""The described block (models/families.py) per decoder family: a tiny random config of each, made
+"""The described block (runtime/forward/families.py) per decoder family: a tiny random config of each, made
 here (no download), gives Hugging Face's logits to 1e-10 in float64 through the native forward
 (prefill, steps, a token tree, sliding windows crossed), and speculative decoding through it equals
 plain decoding exactly (suffix, n-gram and a truncated self-draft)."""

@@ -1,4 +1,4 @@
-"""One Llama block and one KV cache (models/llama_block.py): the draft modules' block is the native
+"""One Llama block and one KV cache (runtime/forward/llama_block.py): the draft modules' block is the native
 target's (a draft block loaded with a target layer's weights computes exactly that layer, batched,
 incrementally over its cache, and under a tree mask), and the cache's verbs are oracle-checked."""
 

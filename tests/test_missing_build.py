@@ -93,3 +93,26 @@ def test_apple_clang_builds_with_libomp_or_without_openmp(tmp_path):
     (tmp_path / "include" / "omp.h").write_text("")
     compile_flags, link_flags = levels.openmp("Apple clang version 15.0.0", "Darwin", tmp_path)
     assert "-fopenmp" in compile_flags and "-Xpreprocessor" in compile_flags and "-lomp" in link_flags
+
+
+def test_a_named_targets_own_file_by_path_is_that_target(tmp_path, monkeypatch):
+    """Issue #80: `--target FILE.gguf` of the Qwen 1.5B's own file got suffix drafts (the draft and the
+    vocabulary ranking were keyed by the display name); its content now names it. A file of the same size
+    and other bytes is the control."""
+    from quickdraft.weights import default
+    from quickdraft.weights.part_packages import PartPackages
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "my-copy.gguf"
+    mine.write_bytes(b"GGUF" + bytes(range(200)))
+    import hashlib
+
+    shipped = PartPackages(module="m", dist="d", version="1", count=1, file_name="x.gguf", size=204,
+                           sha256=hashlib.sha256(mine.read_bytes()).hexdigest())  # fmt: skip
+    monkeypatch.setattr(default, "NAMED_BY_CONTENT", {"qwen2.5-coder-1.5b": shipped})
+    monkeypatch.setattr(default, "ensure_gguf_file", lambda path: tmp_path)
+    assert default.converted_target(str(mine))[1] == "Qwen2.5-Coder-1.5B-Instruct"
+    assert defaults.KNOWN_DRAFTS.get(default.converted_target(str(mine))[1]) == "qwen2.5-coder-0.5b"
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(range(199, -1, -1)))
+    assert default.converted_target(str(other))[1] == "other"

@@ -1,4 +1,4 @@
-"""Packed draft weights (models/weight_files.py): what comes back, how close, and that the loaders
+"""Packed draft weights (weights/weight_files.py): what comes back, how close, and that the loaders
 of shipped drafts read packed files as they read plain ones."""
 
 from __future__ import annotations

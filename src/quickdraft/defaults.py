@@ -7,9 +7,8 @@ one-line reason that the statistics, `--json` (`stats.ran.choice`) and the serve
               Q6_K, Q8_0, ... as stored, times int8 activations: `runtime/formats`), the model the user
               downloaded, as llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime
               hf`, a GPU, a block type without a format) its bf16/float conversion runs and the reason
-              says so. The embedded default too (its Q4_1 blocks): measured on an AVX2 EPYC (Spec-Bench
-              quick, one run), its suffix default ran 57.3 tokens/s there against 36.5 on the bf16
-              conversion its drafts were made on (docs/benchmarks.md, stop 66).
+              says so. The embedded default too (its Q4_1 blocks): its suffix default ran faster on them
+              than on the bf16 conversion its drafts were made on (docs/benchmarks.md, stop 66).
     drafter   a target with a known draft (the Qwen2.5-Coder 1.5B: its 0.5B sibling) drafts with it in
               its fast form (`model:NAME`: 4-bit blocks everywhere, a restricted head, a windowed prompt),
               mixed with suffix branches (`mix:`) where suffix drafts pay on this host's measured verify

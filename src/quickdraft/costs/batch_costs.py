@@ -100,8 +100,9 @@ def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float]
     second also gives the lowest latency; a size that adds little throughput adds only memory. Each size
     is priced at the better of its planned drafting (where `gain` measures what a budget commits) and a
     plain batch (one token a row at width 1: the guard drops to it where drafting loses); a budget with
-    no measured gain (a draft model's chains) is not priced as committing one token for its k + 1 rows,
-    which fitted the Qwen pair's batch to 1 on an AVX2 host where 4 clients measured 1.8x one."""
+    no measured gain (a draft model's chains) is not priced as committing one token for its k + 1 rows
+    (that pricing had fitted the Qwen pair's batch to 1 on an AVX2 host where 4 clients measured more
+    than one: docs/benchmarks.md)."""
 
     def rate(b: int) -> float:
         plain = b / surface_cost(surface, b, 1)

@@ -35,10 +35,10 @@ def paired_ratio(
     measured side by side in alternating order (a b, b a, a b, ...).
 
     A shared host can change speed between two measurements (the 2-core guests of docs/benchmarks.md
-    ran plain decoding at 40.5 and at 33.5 tokens/s minute to minute): measured one after the other,
-    one draft's price came out 0.44 target steps where four other specs of the same draft on the same
-    kernel build gave 0.26-0.29, and the cache folder kept it. Side by side, a change of speed moves at
-    most the one pair it falls in, which the median leaves out."""
+    change minute to minute): measured one after the other, one draft's price came out far above the
+    price of four other specs of the same draft on the same kernel build, and the cache folder kept it
+    (docs/benchmarks.md, stop 76). Side by side, a change of speed moves at most the one pair it falls
+    in, which the median leaves out."""
     ratios, bottoms = [], []
     for i in range(rounds):
         if i % 2:

@@ -1,8 +1,8 @@
 """The next round's draft, made while this round's verify runs (issue #70 item 2).
 
-On a GPU the verify is one graph replay that runs while the host waits for its verdict: about
-1.8 ms on the H200, beside about 1 ms of host work a round that, done after the verdict, did not
-overlap it (docs/gpu.md). Where a drafter `drafts_ahead` (the suffix and prompt-lookup drafters:
+On a GPU the verify is one graph replay that runs while the host waits for its verdict, beside host
+work a round of the same order that, done after the verdict, did not overlap it (docs/gpu.md has the
+profile). Where a drafter `drafts_ahead` (the suffix and prompt-lookup drafters:
 host lookups that depend on the context only), a fork of it (the lane's drafter is left untouched)
 drafts the next round there, for the outcomes that commit most: a whole branch of the draft accepted, for its first
 `GUESSES` leaves (the first path's leaf first: drafters rank the better sibling first). Only those

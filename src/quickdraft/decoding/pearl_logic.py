@@ -23,7 +23,7 @@ class PearlConfig:
     pre_verify / post_verify: the paper's two mechanisms (turn one off for its ablation). pre_verify
     None = on in two processes, off in one: a pre-verify round spends a target forward to commit one
     token, which pays only while the draft runs beside it (Spec-Bench quick, the Qwen pair, one
-    process: 0.99x plain decoding with it, 1.04x without).
+    process: slower with it than without; docs/benchmarks.md).
     parallel: run draft and target in two worker processes (else both halves in this process)."""
 
     gamma: int | None = None

@@ -37,7 +37,7 @@ def pearl_gamma(parts: DecodeParts, parallel: bool | None = None) -> int:
     drafting gamma tokens takes one target forward, which hides it behind the forward in two
     processes). In one process the halves run one after the other, so every drafted token adds its
     step to the round: there the window is capped at DEFAULT_GAMMA (the measured window, about 8 for
-    the distilled draft, ran at 0.59x plain decoding; 4 at 0.81x; docs/benchmarks.md)."""
+    the distilled draft, ran slower than a window of 4 there; docs/benchmarks.md)."""
     if parts.config.pearl.gamma is not None:
         return parts.config.pearl.gamma
     if "pearl_gamma" not in parts.memo:

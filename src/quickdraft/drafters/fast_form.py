@@ -10,8 +10,8 @@ open, for any draft (a GGUF file, a Hugging Face folder, a named one):
             of fewer than WINDOW new tokens: as many as it may add, at least 64 (drafters/window.py)
 
 A draft too small for the kernels to pay (under MIN_PARAMS parameters, e.g. the tests' tiny models),
-in float64, on `--runtime hf`, on a GPU or where the fused kernels could not be built keeps its own weights; each option given explicitly wins
-(`;quant=none`, `;vocab=all`, `;window=all`).
+in float64, on `--runtime hf`, on a GPU or where the fused kernels could not be built keeps its own
+weights; each option given explicitly wins (`;quant=none`, `;vocab=all`, `;window=all`).
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ def shared_draft(path: str, dtype: str) -> LoadedModel:
 
 
 # an independent draft model's default chain: up to 8 tokens, stopped after one it gives p < 0.7 (on the
-# Qwen pair, stop 54, one run each: 1.18x our plain decoding on Spec-Bench quick and 1.57x on HumanEval,
-# against 1.13x and 1.51x at p < 0.5 and 1.09x and 1.44x at p < 0.35; p < 0.5 had beaten fixed chains of 4)
+# Qwen pair, stop 54: faster than p < 0.5 and p < 0.35 on Spec-Bench quick and HumanEval, and p < 0.5 had
+# beaten fixed chains of 4; docs/benchmarks.md)
 PMIN = (8, 0.7)
 
 

@@ -232,10 +232,10 @@ class BlockDrafter(FeatureHead):
 
 def for_inference(module: nn.Module) -> nn.Module:
     """A module frozen for drafting, in place, once it sits on its final device and dtype: eval mode,
-    no gradients, and its linears packed as the target's are (`DraftBlock.pack`). Profiled on the
-    Xeon host (docs/benchmarks.md): a drafting round's head forwards read ~18 MB of weights after
-    the target's forward has swept the caches, and unpacked bf16 linears ran at about half the packed
-    kernel's speed. Not for training afterwards: the packed copies do not follow the weights."""
+    no gradients, and its linears packed as the target's are (`DraftBlock.pack`): a drafting round's
+    head forwards read their weights after the target's forward has swept the caches, where unpacked
+    bf16 linears ran slower than the packed kernel (profiled: docs/benchmarks.md). Not for training
+    afterwards: the packed copies do not follow the weights."""
     module.eval().requires_grad_(False)
     for sub in module.modules():
         if isinstance(sub, DraftBlock):

@@ -157,7 +157,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     target = load_model(args.target, "bfloat16")
     target.model.to(device)
     # the target's states as it runs at inference: under --quantize w4a8 its blocks make the features the
-    # drafter will read (and a 1.5B's store fills about 3x faster than in bf16)
+    # drafter will read (and a 1.5B's store fills faster than in bf16)
     mode = args.quantize or AUTO  # auto: as inference resolves it (a GGUF-born target: its own blocks)
     weights = parse_quantize(auto_weights(target, "bfloat16", "native", device).value if mode == AUTO else mode)
     held = quantize_model(target, weights) if weights.active else None  # held: decode_eval's engines share it

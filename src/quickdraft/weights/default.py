@@ -14,7 +14,9 @@ quantized forms come from the GGUF's own blocks, not from that folder).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,6 +160,9 @@ NAMED_TARGETS = {
 }  # fmt: skip
 
 
+NAMED_BY_CONTENT = {"qwen2.5-coder-1.5b": QWEN_CODER_1_5B, "qwen2.5-coder-0.5b": QWEN_CODER_0_5B}
+
+
 def fixed_weights(name: str) -> bool:
     """Whether a loaded model's display name is the embedded default's or a named target's: weights
     fixed by their package's checksum, so what a host measures of them can be kept across processes."""
@@ -199,8 +204,34 @@ def converted_target(path: str | None) -> tuple[Path, str, Path | None] | None:
         return ensure_named_target(key), NAMED_TARGETS[key].name, named_gguf(key)
     if str(path).endswith(".gguf"):
         gguf = Path(path).expanduser()
-        return ensure_gguf_file(gguf), gguf.stem, gguf
+        key = named_by_content(gguf)  # a named target's own file given by path: that target, named so
+        return ensure_gguf_file(gguf), NAMED_TARGETS[key].name if key else gguf.stem, gguf
     return None
+
+
+def named_by_content(path: Path, known: dict[str, PartPackages] | None = None) -> str | None:
+    """The named target whose shipped GGUF `path` is, byte for byte (its size, then its sha256, hashed
+    once per file version and kept in the cache folder), or None: the same file by path gets the named
+    target's draft, vocabulary ranking and kept measurements."""
+    known = NAMED_BY_CONTENT if known is None else known
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    sizes = {k: p for k, p in known.items() if p.size == stat.st_size}
+    if not sizes:
+        return None
+    store = cache_dir() / "gguf" / "hashes.json"
+    seen = json.loads(store.read_text()) if store.is_file() else {}
+    version = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if version not in seen:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                digest.update(block)
+        seen[version] = digest.hexdigest()
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(seen))
+    return next((k for k, p in sizes.items() if p.sha256 == seen[version]), None)
 
 
 BF16_ABOVE = 256 * 2**20  # GGUF files larger than this convert to bf16 (gguf_convert.py), smaller ones to float32
@@ -210,8 +241,6 @@ def ensure_gguf_file(path: Path) -> Path:
     """The converted folder of a GGUF file given as `--target FILE.gguf` or `model:FILE.gguf` (keyed by
     its name, size and modification time, so a changed file converts again): bf16 for a large Llama or
     Qwen2 file (as the named pair), float32 otherwise (the quantizers read its exact values)."""
-    import hashlib
-
     if not path.is_file():
         raise QuickdraftError(f"GGUF file not found: {path}")
     stat = path.stat()

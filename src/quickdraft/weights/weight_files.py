@@ -6,7 +6,7 @@ Kangaroo's adapter). Stored in bfloat16 they made most of the repository's weigh
 - int8: each matrix row scaled by its largest magnitude (symmetric, 255 levels), a float32 scale per
   row: half the bytes of bfloat16;
 - int4: groups of `group` (32) consecutive inputs of a row, each with its own minimum and step
-  (asymmetric, 16 levels), two codes a byte, float16 minimum and step: about 0.31x the bytes.
+  (asymmetric, 16 levels), two codes a byte, float16 minimum and step: 5 bits a weight.
 
 Only matrices of at least `MIN_PACKED` elements are packed; norms, biases and small tensors stay as
 they are. The file is an ordinary safetensors file whose metadata says how it was packed; `read`

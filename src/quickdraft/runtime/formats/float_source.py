@@ -44,7 +44,7 @@ def checkpoint_reader(folder: Path | None):
 
 def exact_decoders() -> dict:
     """{GGUF type: raw rows -> float32 weight} of the K-quants through their C++ packers (the `gguf`
-    package's values exactly, 10x faster), where the fused kernels are built."""
+    package's values exactly, and faster), where the fused kernels are built."""
     if kernels.fused_ops() is None:
         return {}
     return {

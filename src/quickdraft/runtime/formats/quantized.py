@@ -38,10 +38,9 @@ LINEARS = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
-# The LM head is the sensitive linear. Teacher-forced greedy agreement with the bf16 target over 6
-# Spec-Bench prompts x 96 tokens (Xeon AVX-512-BF16, 2 threads; docs/benchmarks.md, "Weight-only int8
-# and int4"): int4 layers with an int4 head 0.884 (12.0 ms a step), with a bf16 head 0.981 (13.0 ms),
-# with an int8 head 0.981 (12.3 ms). So int4 keeps an int8 head, and the GGUF's Q8_0 head becomes int8.
+# The LM head is the sensitive linear: teacher-forced greedy agreement with the bf16 target fell with an
+# int4 head and not with an int8 one, at about the int4 head's step (docs/benchmarks.md, "Weight-only int8
+# and int4"). So int4 keeps an int8 head, and the GGUF's Q8_0 head becomes int8.
 GGUF_Q8 = "int8"
 INT4_HEAD = "int8"
 W4A8_HEAD = "w8a8"  # w4a8 keeps an 8-bit head as well: the GGUF's Q8_0 head on the same grid

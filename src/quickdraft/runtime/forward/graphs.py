@@ -8,8 +8,8 @@ forward (`runtime/caches/batched.py`) is made static here:
 - attention reads a span bucket of the cache (256, 512, ... positions, up to its preallocated
   capacity: the smallest that holds the longest row and its new rows) under a mask, which is an
   input buffer, as are the ids, positions and each row's write position. Reading the whole capacity
-  (8192 positions for the default model) cost a verify 3.6 ms of attention on an H200 (issue #50's
-  profile: 120 us a layer at width > 1), a span bucket what the context needs;
+  (8192 positions for the default model) made attention a large share of a verify (issue #50's
+  profile, docs/gpu.md); a span bucket reads what the context needs;
 - one graph per (width, span) bucket, all captured when the engine makes the decoder (`prepare`,
   issue #70: every width its drafts can take, every span up to the capacity, largest first into one
   shared pool; `capture.py`), so no timed generation pays a capture; a bucket met later is captured

@@ -6,9 +6,8 @@ SDPA, whose GEMMs pay there, unless the kernel's AVX-512 path runs. Every verify
 kernel: its sums run in key order, one key at a time, so a row's attention is the same bits whatever
 the width, and with the per-row norm, RoPE and SwiGLU kernels and the packed linear (a fixed k order
 per row) the whole forward is batch-invariant: greedy speculation equals plain decoding exactly in
-bf16 too. Measured on an AMD EPYC (AVX-512-BF16, 2 threads; scripts/step_profile.py): the kernel beat
-SDPA at 5 rows (12.3 against 13.5 ms), tied at 9 and lost at 17 (26.7 against 23.6 ms), before it
-read each row's keys only up to its last attended one.
+bf16 too. Measured (scripts/step_profile.py, docs/benchmarks.md): before it read each row's keys only
+up to its last attended one, the kernel beat SDPA at a few rows, tied around 9 and lost at 17.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ def attend(
 def long_attention(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the `attend` kernel beats torch's flash SDPA over many rows (a prompt's prefill): its
     AVX-512 path (bf16 or float32 rows, heads of 64, 128 or 256), which reads each row's keys only up to
-    its last attended one. Measured on an AMD EPYC (AVX-512-BF16, 2 threads), 700 causal rows over 12
-    heads of 128: 8.2 ms against SDPA's 18.5 (14 heads of 64: 6.1 against 12.7); the scalar path, on
-    an AVX2 level, took 28 ms."""
+    its last attended one. Measured over a prompt's causal rows (docs/benchmarks.md): the AVX-512 path
+    beat SDPA, the scalar path of an AVX2 level did not."""
     return dtype in (torch.bfloat16, torch.float32) and head_dim in (64, 128, 256) and _vector_attention()
 
 

@@ -15,8 +15,8 @@ namespace {
 
 // ---- plain Llama blocks, one call for a run of layers ------------------------------------------------------
 // What llama_block.Block._fused_forward does layer by layer from Python, without Python between the
-// kernels (measured on an AMD EPYC, 2 threads: about 0.7 ms of a 4.4 ms w4a8 step was Python and small
-// torch ops). The same kernels in the same order, so the same bits. A linear is (kind, a, b, out):
+// kernels (measured: a real share of a small model's w4a8 step was Python and small torch ops;
+// docs/benchmarks.md). The same kernels in the same order, so the same bits. A linear is (kind, a, b, out):
 // kind 0 = linear_packed(a), 1 = linear_w8a8(a, scales b), 2 = linear_w4a8(a), 3 = linear_w6a8(a), 4 = linear_q4k(a),
 // 5 = linear_w8a8_min(a, scales and mins b).
 Tensor run_linear(const Tensor& x, int64_t kind, const Tensor& a, const Tensor& b, int64_t out) {

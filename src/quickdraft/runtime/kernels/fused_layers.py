@@ -1,8 +1,8 @@
 """A run of plain Llama blocks as one C++ call (`kernels/fused.cpp`: `llama_layers`).
 
 `llama_block.Block._fused_forward` calls the fused kernels one by one from Python; on a small model
-the Python between them is a real share of the step (AMD EPYC, 2 threads, SmolLM2-135M with w4a8
-weights: about 0.7 ms of a 4.4 ms one-row step). `LayerKernels` hands the whole run of layers to one
+the Python between them is a real share of the step (SmolLM2-135M with w4a8 weights, measured:
+docs/benchmarks.md). `LayerKernels` hands the whole run of layers to one
 call that does the same kernels in the same order, so a forward through it is the same bits as
 through the Python path (tested). It runs where every layer of the run is a plain Llama block (or Qwen2's: q/k/v biases)
 whose linears are kernel forms: our packed bf16 (`runtime/kernels/linear.py`, the "fused" kind), w8a8 or
