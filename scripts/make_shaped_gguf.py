@@ -72,6 +72,20 @@ def source_gguf() -> Path:
     return named_gguf("qwen2.5-coder-1.5b")
 
 
+def padded(key: str, values: list, vocab: int) -> list:
+    """The tokenizer's per-token arrays padded to the embedding's rows (llama.cpp reads the vocabulary's
+    size from the token list; Qwen2.5's 7B and 14B pad theirs to 152,064 rows): unused pad tokens."""
+    pads = vocab - len(values)
+    if pads <= 0 or key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        return values
+    fill = {
+        "tokenizer.ggml.tokens": [f"[PAD{len(values) + i}]" for i in range(pads)],
+        "tokenizer.ggml.token_type": [5] * pads,
+        "tokenizer.ggml.scores": [0.0] * pads,
+    }[key]  # 5: unused
+    return [*values, *fill]  # fmt: skip
+
+
 def write_f16(shape: str, path: Path, seed: int) -> None:
     """The shaped model as a GGUF of F16 matrices, written tensor by tensor."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
@@ -91,7 +105,7 @@ def write_f16(shape: str, path: Path, seed: int) -> None:
         elif key == "general.name":
             writer.add_string(key, f"{shape} (shaped: random weights)")
         elif kind == GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
+            writer.add_array(key, padded(key, field.contents(), vocab))
         else:
             writer.add_key_value(key, field.contents(), kind)
     writer.add_file_type(1)  # mostly F16

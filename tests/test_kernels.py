@@ -428,3 +428,46 @@ def test_a_kernel_refuses_what_it_would_read_out_of_bounds(ops):
     for call in _bad_inputs(ops).values():
         with pytest.raises(RuntimeError, match=r"^(add_rms_norm|rope_store|attend|silu_mul|linear_\w+)"):
             call()
+
+
+def _longest_stall(work) -> float:
+    """The longest the calling thread's Python loop waited between two turns while `work()` ran in
+    another thread (seconds): the time that thread held the GIL at a stretch."""
+    import threading
+    import time
+
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (work(), done.set()))
+    last, worst = time.perf_counter(), 0.0
+    thread.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    thread.join()
+    return worst
+
+
+@needs_ops
+def test_the_kernels_run_without_the_gil():
+    """Issue #80: every kernel is bound with the GIL released (fused.cpp), so a long prefill on the
+    server's decode thread leaves its event loop running: during one long kernel call the other thread
+    never waits for more than a fraction of it. The control: a C call that holds the GIL for as long
+    (sorting a long list) stalls the other thread for about its whole length."""
+    import time
+
+    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernel on one core, the counting loop on the other
+    try:
+        lin = w4a8_linear(torch.randn(2048, 2048))
+        x = torch.randn(2048, 2048, dtype=torch.bfloat16)
+        begin = time.perf_counter()
+        lin(x)
+        call = time.perf_counter() - begin  # one call's length, alone
+        data = list(range(int(3e6 * max(call, 0.05) / 0.03), 0, -1))  # a sort of about the call's length
+        kernel_stall = _longest_stall(lambda: lin(x))
+        holding_stall = _longest_stall(lambda: sorted(data))
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_stall < call / 4 and holding_stall > call / 2, (call, kernel_stall, holding_stall)

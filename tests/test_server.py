@@ -294,6 +294,20 @@ def test_health_is_503_while_loading():
         assert c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
 
 
+def test_health_is_503_until_the_warm_up_is_done(monkeypatch):
+    """Issue #80: loaded but not warmed up is not ready (the first request would pay the builds)."""
+    from quickdraft.server import admission
+
+    release, real = threading.Event(), admission.warm_up
+    monkeypatch.setattr(admission, "warm_up", lambda e: (release.wait(10), real(e))[1])
+    with TestClient(create_app(make_engine, NAME)) as c:
+        time.sleep(0.2)
+        assert c.get("/health").status_code == 503
+        release.set()
+        wait_ready(c)
+        assert c.get("/health").status_code == 200
+
+
 # --- a real server on loopback: the openai client, back-pressure, disconnects ---------------------
 
 
@@ -723,11 +737,18 @@ def test_a_prompt_over_the_limit_is_refused_and_warm_up_sets_the_limit(engine):
         r = c.post("/v1/completions", json={"prompt": "abcdefgh", "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
         assert c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2}).status_code == 200
-    warmed = create_app(lambda: engine, NAME, default_max_tokens=8)
-    with TestClient(warmed) as c:
-        wait_ready(c)
-        limit = warmed.state.quickdraft["max_prompt_tokens"]
-        assert 256 <= limit <= engine.context_length  # what this host prefilled in a minute, within the context
+    from quickdraft.server import admission
+
+    real = admission.warm_up
+    for rate, want in ((10.0, 600), (1.0, 256), (1e9, engine.context_length)):  # a minute's prefill, clamped
+        admission.warm_up = lambda e, r=rate: (real(e), r)[1]  # the warm-up runs; its measured rate is fixed
+        try:
+            warmed = create_app(lambda: engine, NAME, default_max_tokens=8)
+            with TestClient(warmed) as c:
+                wait_ready(c)
+                assert warmed.state.quickdraft["max_prompt_tokens"] == want, rate
+        finally:
+            admission.warm_up = real
 
 
 @pytest.mark.real_model
