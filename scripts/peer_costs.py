@@ -1,6 +1,6 @@
 """llama.cpp's own costs on one GGUF (issue #79 item 2, for shapes our runtime cannot load whole here):
 load seconds, prefill tokens/s of a prompt of --prompt-tokens ids, the one-row step's median over
---steps greedy steps, and the process's peak resident memory against the file's size. Ids are the
+--steps one-row steps, and the process's peak resident memory against the file's size. Ids are the
 file's own vocabulary's (a seeded draw): a shaped target's tokens mean nothing, its costs do.
 
     python scripts/peer_costs.py /tmp/qwen7b-shaped.gguf --threads 2 --out docs/bench/shaped-7b-amx/llama_cpp.json
@@ -38,12 +38,10 @@ def main() -> int:
     llm.eval(ids)
     prefill_s = time.perf_counter() - start
     steps = []
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    for _ in range(args.steps):
+    for token in ids[: args.steps]:  # any ids: a step's cost does not depend on which token it is
         start = time.perf_counter()
         llm.eval([token])
         steps.append(time.perf_counter() - start)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     size = Path(args.gguf).stat().st_size
     report = {
