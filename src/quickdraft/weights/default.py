@@ -16,14 +16,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.host import cache_dir, folder_in_place
+from quickdraft.host import cache_dir, folder_in_place, kept
 from quickdraft.weights.gguf_convert import convert_bf16, one_parse_per_file
 from quickdraft.weights.part_packages import PartPackages, join_parts
 
@@ -220,18 +219,17 @@ def named_by_content(path: Path, known: dict[str, PartPackages] | None = None) -
     sizes = {k: p for k, p in known.items() if p.size == stat.st_size}
     if not sizes:
         return None
-    store = cache_dir() / "gguf" / "hashes.json"
-    seen = json.loads(store.read_text()) if store.is_file() else {}
-    version = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    if version not in seen:
+    version = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+    def sha256() -> str:
         digest = hashlib.sha256()
         with open(path, "rb") as f:
             while block := f.read(1 << 24):
                 digest.update(block)
-        seen[version] = digest.hexdigest()
-        store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(seen))
-    return next((k for k, p in sizes.items() if p.sha256 == seen[version]), None)
+        return digest.hexdigest()
+
+    found = kept(cache_dir() / "gguf" / f"sha256-{path.stem}-{version}.json", sha256)
+    return next((k for k, p in sizes.items() if p.sha256 == found), None)
 
 
 BF16_ABOVE = 256 * 2**20  # GGUF files larger than this convert to bf16 (gguf_convert.py), smaller ones to float32
