@@ -162,14 +162,23 @@ def test_attend_gives_a_row_the_same_bits_whatever_the_keys_after_it(d, dtype, a
 
 @needs_ops
 def test_a_long_prefill_attends_through_the_kernel_only_on_its_vector_path(monkeypatch):
-    """`long_attention`: AVX-512 levels, bf16/float32 rows, heads of 64/128/256; elsewhere flash SDPA."""
-    attention._vector_attention.cache_clear()
-    monkeypatch.setattr(kernels, "chosen_level", lambda: "avx512_bf16")
-    assert attention.long_attention(torch.bfloat16, 128) and attention.long_attention(torch.float32, 64)
-    assert not attention.long_attention(torch.float64, 128) and not attention.long_attention(torch.bfloat16, 16)
-    attention._vector_attention.cache_clear()
-    monkeypatch.setattr(kernels, "chosen_level", lambda: "avx2")
-    assert not attention.long_attention(torch.bfloat16, 128)
+    """`long_attention`: AVX-512 levels without AMX, bf16/float32 rows, heads of 64/128/256, contexts up to
+    KERNEL_CONTEXT keys; elsewhere flash SDPA (AVX2, AMX, float64, other head sizes, a long context)."""
+    short, long = attention.KERNEL_CONTEXT, attention.KERNEL_CONTEXT + 1
+
+    def host(level: str, features: set[str]) -> None:
+        attention._vector_attention.cache_clear()
+        monkeypatch.setattr(kernels, "chosen_level", lambda: level)
+        monkeypatch.setattr(attention, "cpu_features", lambda: frozenset(features))
+
+    host("avx512_bf16", {"avx512f", "avx512_bf16"})
+    assert attention.long_attention(torch.bfloat16, 128, short) and attention.long_attention(torch.float32, 64, 700)
+    assert not attention.long_attention(torch.bfloat16, 128, long)
+    assert not attention.long_attention(torch.float64, 128, 700) and not attention.long_attention(torch.bfloat16, 16, 700)
+    host("avx512_bf16", {"avx512f", "avx512_bf16", "amx_bf16"})
+    assert not attention.long_attention(torch.bfloat16, 128, 700) and not attention.long_attention(torch.float32, 128, 700)
+    host("avx2", {"avx2"})
+    assert not attention.long_attention(torch.bfloat16, 128, 700)
     attention._vector_attention.cache_clear()
 
 

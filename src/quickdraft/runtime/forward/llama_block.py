@@ -249,7 +249,7 @@ class Block:
         if self.q_scale != 1.0:
             q = (q * self.q_scale).contiguous()
         n = y.shape[0]
-        if n <= ATTEND_ROWS or long_attention(q.dtype, self.head_dim):
+        if n <= ATTEND_ROWS or long_attention(q.dtype, self.head_dim, at + n):
             # verify widths: one fused call, batch-invariant; a long prefill too where the kernel's vector
             # path runs (a prefill row is then the same bits as the row decoded alone); else flash SDPA
             return attend(q, k_cache, v_cache, at + n, mask)

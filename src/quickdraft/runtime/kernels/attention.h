@@ -51,59 +51,106 @@ inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
+// A chunk of query rows r0..r1 (row r: query head g * group + r % group of token r / group) over kv head g,
+// tiled over blocks of kKeyBlock keys: each block's keys (then values) are read once for all the chunk's rows
+// while they sit in L1, where a row at a time streamed the whole cache once per row and head (at a long
+// context, from memory). Each row's arithmetic is unchanged: its scores, its max, its exps, then its values
+// summed in key order, one key at a time (the running sums leave registers between blocks as the same
+// floats), so a row's result is the same bits whatever rows share its chunk.
+constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kMaxChunk = 32;  // rows a task: their scores are kMaxChunk x keys floats
+
+// Rows j0..j1 of a (keys, d) cache as float32: bf16 widened once a block (exact), float32 read in place.
+template <int64_t d>
+inline const float* block_as_float(const float* X, int64_t j0, int64_t, std::vector<float>&) { return X + j0 * d; }
+template <int64_t d>
+inline const float* block_as_float(const at::BFloat16* X, int64_t j0, int64_t j1, std::vector<float>& buf) {
+  buf.resize(kKeyBlock * d);
+  for (int64_t k = 0; k < (j1 - j0) * d; k += 16) _mm512_storeu_ps(&buf[k], load16f(X + j0 * d + k));
+  return buf.data();
+}
+
 template <typename scalar_t, int D16>
 void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M, scalar_t* O,
                        int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1, int64_t stride,
                        const int64_t* lengths, float scale) {
   constexpr int64_t d = 16 * D16;
-  thread_local std::vector<float> p, keep;
+  const int64_t n = r1 - r0;
+  int64_t longest = 0;
+  for (int64_t r = r0; r < r1; ++r) longest = std::max(longest, lengths[r / group]);  // keys: up to the last attended
+  const int64_t width = (longest + 15) / 16 * 16;
+  thread_local std::vector<float> p, keep, qs, acc, total, block;
+  p.resize(n * width);
+  keep.resize(width);
+  qs.resize(n * d);
+  acc.assign(n * d, 0.f);
+  total.assign(n, 0.f);
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t t = r / group, h = g * group + r % group;
-    const int64_t length = lengths[t], padded = (length + 15) / 16 * 16;  // this row's keys: up to its last attended
-    p.resize(padded);
-    keep.resize(padded);
-    __m512 q[D16];
-    for (int c = 0; c < D16; ++c) q[c] = _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc);
-    for (int64_t j0 = 0; j0 < length; j0 += 16) {  // scores of 16 keys at a time (a short block: zeros)
-      __m512 part[16];
-      for (int jj = 0; jj < 16; ++jj) {
-        const int64_t j = j0 + jj;
-        if (j >= length) {
-          part[jj] = _mm512_setzero_ps();
-          continue;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = (r0 + i) / group, h = g * group + (r0 + i) % group;
+    for (int c = 0; c < D16; ++c) _mm512_storeu_ps(&qs[i * d + 16 * c], _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc));
+  }
+  for (int64_t b0 = 0; b0 < longest; b0 += kKeyBlock) {  // scores of 16 keys at a time (a short block: zeros)
+    const float* kf = block_as_float<d>(Kg, b0, std::min(b0 + kKeyBlock, longest), block) - b0 * d;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t length = lengths[(r0 + i) / group], b1 = std::min(b0 + kKeyBlock, length);
+      __m512 q[D16];
+      for (int c = 0; c < D16; ++c) q[c] = _mm512_loadu_ps(&qs[i * d + 16 * c]);
+      for (int64_t j0 = b0; j0 < b1; j0 += 16) {
+        __m512 part[16];
+        for (int jj = 0; jj < 16; ++jj) {
+          const int64_t j = j0 + jj;
+          if (j >= length) {
+            part[jj] = _mm512_setzero_ps();
+            continue;
+          }
+          const float* kr = kf + j * d;
+          __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
+          for (int c = 1; c < D16; ++c) a = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), a);
+          part[jj] = a;
         }
-        const scalar_t* kr = Kg + j * d;
-        __m512 acc = _mm512_mul_ps(q[0], load16f(kr));
-        for (int c = 1; c < D16; ++c) acc = _mm512_fmadd_ps(q[c], load16f(kr + 16 * c), acc);
-        part[jj] = acc;
+        _mm512_storeu_ps(&p[i * width + j0], lane_sums16(part));
       }
-      _mm512_storeu_ps(p.data() + j0, lane_sums16(part));
     }
+  }
+  for (int64_t i = 0; i < n; ++i) {  // each row's softmax numerators, masked keys exact zeros
+    const int64_t t = (r0 + i) / group, length = lengths[t], padded = (length + 15) / 16 * 16;
+    float* pr = &p[i * width];
     const bool* mrow = M ? M + t * stride : nullptr;
     for (int64_t j = 0; j < padded; ++j) keep[j] = (j >= length || (mrow && !mrow[j])) ? 0.f : 1.f;
     float best = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, p[j]) : best;
+    for (int64_t j = 0; j < length; ++j) best = keep[j] != 0.f ? std::max(best, pr[j]) : best;
     // 16 keys at a time through the vector exp: a key's probability does not depend on how many keys
     // the call holds (a compiler-vectorized loop over `length` would take its tail keys another way)
     const __m512 top = _mm512_set1_ps(best);
     for (int64_t j0 = 0; j0 < padded; j0 += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.data() + j0), top));
-      _mm512_storeu_ps(p.data() + j0, _mm512_mul_ps(e, _mm512_loadu_ps(keep.data() + j0)));  // masked: 0
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(pr + j0), top));
+      _mm512_storeu_ps(pr + j0, _mm512_mul_ps(e, _mm512_loadu_ps(keep.data() + j0)));
     }
-    float total = 0.f;
-    __m512 acc[D16];
-    for (int c = 0; c < D16; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {  // values summed in key order, one key at a time
-      total += p[j];
-      const __m512 e = _mm512_set1_ps(p[j]);
-      const scalar_t* vr = Vg + j * d;
-      for (int c = 0; c < D16; ++c) acc[c] = _mm512_fmadd_ps(e, load16f(vr + 16 * c), acc[c]);
+  }
+  for (int64_t b0 = 0; b0 < longest; b0 += kKeyBlock) {  // values summed in key order, one key at a time
+    const float* vf = block_as_float<d>(Vg, b0, std::min(b0 + kKeyBlock, longest), block) - b0 * d;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b1 = std::min(b0 + kKeyBlock, lengths[(r0 + i) / group]);
+      if (b0 >= b1) continue;
+      const float* pr = &p[i * width];
+      __m512 a[D16];
+      for (int c = 0; c < D16; ++c) a[c] = _mm512_loadu_ps(&acc[i * d + 16 * c]);
+      float sum = total[i];
+      for (int64_t j = b0; j < b1; ++j) {
+        sum += pr[j];
+        const __m512 e = _mm512_set1_ps(pr[j]);
+        const float* vr = vf + j * d;
+        for (int c = 0; c < D16; ++c) a[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * c), a[c]);
+      }
+      total[i] = sum;
+      for (int c = 0; c < D16; ++c) _mm512_storeu_ps(&acc[i * d + 16 * c], a[c]);
     }
-    alignas(64) float out[d];
-    for (int c = 0; c < D16; ++c) _mm512_store_ps(out + 16 * c, acc[c]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = (r0 + i) / group, h = g * group + (r0 + i) % group;
     scalar_t* o = O + t * heads * d + h * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(out[i] / total);
+    for (int64_t k = 0; k < d; ++k) o[k] = static_cast<scalar_t>(acc[i * d + k] / total[i]);
   }
 }
 
@@ -111,9 +158,10 @@ template <typename scalar_t>
 bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
                    int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t stride, const int64_t* lengths) {
   if (d != 64 && d != 128 && d != 256) return false;
-  // tasks: a kv head's rows (row x head of its group) in chunks, about 8 tasks a call, at most 16 rows each
-  const int64_t group = heads / kv, rows = T * group;
-  const int64_t chunk = std::min<int64_t>(16, std::max<int64_t>(1, (rows * kv + 7) / 8));
+  // tasks: a kv head's rows (row x head of its group) in chunks, about two tasks a thread, at most kMaxChunk
+  // rows each (a chunk reads its keys and values once, so the wider the fewer passes over the cache)
+  const int64_t group = heads / kv, rows = T * group, tasks = 2 * std::max<int64_t>(1, at::get_num_threads());
+  const int64_t chunk = std::min<int64_t>(kMaxChunk, std::max<int64_t>(1, (rows * kv + tasks - 1) / tasks));
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {

@@ -1,13 +1,13 @@
-"""Attention of a few query rows over one layer's cache (`attention.h`: `attend`), and when it beats
-torch's flash SDPA over many rows (`long_attention`).
+"""Attention of a few query rows over one layer's cache (`attention.h`: `attend`), and when a prompt's
+prefill takes it rather than torch's flash SDPA (`long_attention`).
 
 Up to `ATTEND_ROWS` rows attend through the kernel, more (a prompt's prefill) through torch's flash
-SDPA, whose GEMMs pay there, unless the kernel's AVX-512 path runs. Every verify width stays on the
-kernel: its sums run in key order, one key at a time, so a row's attention is the same bits whatever
-the width, and with the per-row norm, RoPE and SwiGLU kernels and the packed linear (a fixed k order
-per row) the whole forward is batch-invariant: greedy speculation equals plain decoding exactly in
-bf16 too. Measured (scripts/step_profile.py, docs/benchmarks.md): before it read each row's keys only
-up to its last attended one, the kernel beat SDPA at a few rows, tied around 9 and lost at 17.
+SDPA, whose GEMMs pay there, unless `long_attention` says the kernel's AVX-512 path wins. Every verify
+width stays on the kernel: its sums run in key order, one key at a time, so a row's attention is the
+same bits whatever the width, and with the per-row norm, RoPE and SwiGLU kernels and the packed linear
+(a fixed k order per row) the whole forward is batch-invariant: greedy speculation equals plain
+decoding exactly in bf16 too. The kernel reads a block of keys once for a task's rows (up to 32 rows of
+one kv head), so a verify at a long context does not stream the cache once per row and head.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+from quickdraft.host import cpu_features
 from quickdraft.runtime import kernels
 
 ATTEND_ROWS = 64
@@ -29,14 +30,25 @@ def attend(
     return kernels.fused_ops().attend(q, k_cache, v_cache, length, mask)
 
 
-def long_attention(dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the `attend` kernel beats torch's flash SDPA over many rows (a prompt's prefill): its
-    AVX-512 path (bf16 or float32 rows, heads of 64, 128 or 256), which reads each row's keys only up to
-    its last attended one. Measured over a prompt's causal rows (docs/benchmarks.md): the AVX-512 path
-    beat SDPA, the scalar path of an AVX2 level did not."""
-    return dtype in (torch.bfloat16, torch.float32) and head_dim in (64, 128, 256) and _vector_attention()
+KERNEL_CONTEXT = 2048  # keys: the longest context a prefill's rows attend through the kernel
+
+
+def long_attention(dtype: torch.dtype, head_dim: int, context: int) -> bool:
+    """Whether a prefill's many rows over `context` keys take the `attend` kernel rather than torch's
+    flash SDPA: its AVX-512 path (bf16 or float32 rows, heads of 64, 128 or 256) on a CPU without AMX,
+    up to KERNEL_CONTEXT keys (one prefill chunk's). Measured (docs/performance.md, "Long-prompt
+    attention", scripts/attention_costs.py): on AVX-512 without AMX the kernel beat SDPA over a few
+    hundred causal rows; with AMX, SDPA's bf16 tiles won at every prefill length; past a chunk's keys
+    SDPA won even in float32, where it has no AMX, so the kernel stops there everywhere. Within its range
+    a prefill row is the same bits as the row decoded alone."""
+    vector = dtype in (torch.bfloat16, torch.float32) and head_dim in (64, 128, 256) and _vector_attention()
+    return vector and context <= KERNEL_CONTEXT
 
 
 @functools.cache
 def _vector_attention() -> bool:  # found once a process, as the kernels' level
-    return kernels.fused_ops() is not None and kernels.chosen_level().startswith("avx512")
+    return (
+        kernels.fused_ops() is not None
+        and kernels.chosen_level().startswith("avx512")
+        and "amx_bf16" not in cpu_features()
+    )
