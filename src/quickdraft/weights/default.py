@@ -23,7 +23,7 @@ from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir, folder_in_place, kept
-from quickdraft.weights.gguf_convert import convert_bf16, one_parse_per_file
+from quickdraft.weights.gguf_convert import convert_bf16, has_weights, one_parse_per_file
 from quickdraft.weights.part_packages import PartPackages, join_parts
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -185,7 +185,7 @@ def named_gguf(key: str) -> Path:
 def ensure_named_target(key: str) -> Path:
     """The converted folder of a named target, converting its GGUF on first use."""
     folder = named_target_dir(key)
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+    if has_weights(folder):
         return folder
     spec = NAMED_TARGETS[key]
     return spec.convert(named_gguf(key), folder, spec.chat)
@@ -244,7 +244,7 @@ def ensure_gguf_file(path: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     folder = cache_dir() / "models" / "gguf" / f"{path.stem}-{key}"
-    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+    if has_weights(folder):
         return folder
     if stat.st_size > BF16_ABOVE:  # no float32 copy of a large model: bf16 a tensor at a time (Llama, Qwen2)
         with contextlib.suppress(QuickdraftError):

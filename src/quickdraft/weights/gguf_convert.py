@@ -1,11 +1,12 @@
-"""A Llama or Qwen2 GGUF into a bf16 safetensors folder, one tensor at a time: no float32 copy.
+"""A Llama or Qwen2 GGUF into a bf16 safetensors folder, one tensor at a time: no float32 copy, no whole copy.
 
 transformers' GGUF loader dequantizes the whole checkpoint to float32 first (6.2 GB for a 1.5B model,
 twice that while it builds the model); here each tensor is dequantized by the `gguf` package, cast to
-bf16 and kept, so the peak is the bf16 model (3.1 GB for the 1.5B) and one tensor in float32. The
-config and tokenizer come from transformers' GGUF readers (no tensors read there). Llama's q/k rows are
-unpermuted (llama.cpp permutes them for its RoPE); Qwen2's are stored unpermuted and stay so. A model
-whose GGUF holds no `output.weight` ties its LM head to the embedding.
+bf16 and written in shards of at most SHARD_BYTES with transformers' index file, so the peak is one
+shard and one tensor in float32 whatever the model's size (a 7B's bf16 is 15 GB). The config and
+tokenizer come from transformers' GGUF readers (no tensors read there). Llama's q/k rows are unpermuted
+(llama.cpp permutes them for its RoPE); Qwen2's are stored unpermuted and stay so. A model whose GGUF
+holds no `output.weight` ties its LM head to the embedding.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import mmap
 import re
 import struct
 from dataclasses import dataclass
@@ -92,7 +94,9 @@ class GGUFFile:
     def __init__(self, path: Path) -> None:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        self.map = np.memmap(path, dtype=np.uint8, mode="r")
+        with open(path, "rb") as f:
+            self._pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.map = np.frombuffer(self._pages, dtype=np.uint8)
         buf = memoryview(self.map)
         magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
         if magic != b"GGUF" or version < 2:
@@ -124,6 +128,16 @@ class GGUFFile:
             else:
                 data = raw.reshape(rows, row_bytes)
             self.tensors.append(TensorInfo(name, kind, tuple(int(d) for d in shape), data))
+
+    def release(self, data: np.ndarray) -> None:
+        """Drop a tensor's pages (`data`: one of `tensors`' views) from this process's resident memory, once
+        it is read: a load that packs each tensor keeps one copy of the weights, not its copy plus the
+        file's pages. Touched again, the pages are read back from the file."""
+        if not hasattr(mmap, "MADV_DONTNEED") or data.nbytes == 0:
+            return
+        start = data.__array_interface__["data"][0] - self.map.__array_interface__["data"][0]
+        first = start // mmap.PAGESIZE * mmap.PAGESIZE
+        self._pages.madvise(mmap.MADV_DONTNEED, first, start + data.nbytes - first)
 
 
 _U64 = struct.Struct("<Q")
@@ -177,14 +191,16 @@ def open_gguf(path: Path) -> GGUFFile:
     return GGUFFile(path)
 
 
-def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
-    """{Hugging Face name: bf16 tensor} of every tensor the model holds, dequantized one at a time."""
+SHARD_BYTES = 1 << 30  # a conversion's shard: what it holds in memory at once, besides one float32 tensor
+
+
+def bf16_items(path: Path, config: dict):
+    """(Hugging Face name, bf16 tensor) of every tensor the model holds, dequantized one at a time."""
     from gguf.quants import dequantize
 
     reader = open_gguf(path)
     permuted = config["model_type"] in PERMUTED
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -195,15 +211,62 @@ def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
         match = _BLOCK.match(t.name)
         if permuted and match is not None and match.group(2) in heads:
             values = values[unpermute_rows(values.shape[0], heads[match.group(2)])]
-        out[name] = values.to(torch.bfloat16).contiguous()
+        yield name, values.to(torch.bfloat16).contiguous()
         del values
-    return out
+        reader.release(t.data)
+
+
+def bf16_tensors(path: Path, config: dict) -> dict[str, torch.Tensor]:
+    """{Hugging Face name: bf16 tensor} of every tensor the model holds (all in memory: a small model's)."""
+    return dict(bf16_items(path, config))
+
+
+def write_shards(items, folder: Path, limit: int = SHARD_BYTES) -> set[str]:
+    """(name, tensor) items as `model.safetensors`, or as shards of at most `limit` bytes (a tensor
+    larger than that alone) with `model.safetensors.index.json`, transformers' sharded layout; holds one
+    shard at a time. Returns the names written."""
+    from safetensors.torch import save_file
+
+    shards, current, size, names = [], {}, 0, set()
+
+    def flush() -> None:
+        nonlocal current, size
+        if current:
+            shards.append(list(current))
+            save_file(current, str(folder / f"shard-{len(shards)}.safetensors"), metadata={"format": "pt"})
+            current, size = {}, 0
+
+    for name, tensor in items:
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > limit:
+            flush()
+        current[name], size = tensor, size + nbytes
+        names.add(name)
+    flush()
+    if len(shards) == 1:
+        (folder / "shard-1.safetensors").rename(folder / "model.safetensors")
+        return names
+    files = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    total = 0
+    for i, f in enumerate(files, 1):
+        (folder / f"shard-{i}.safetensors").rename(folder / f)
+        total += (folder / f).stat().st_size
+    weight_map = {name: f for f, shard in zip(files, shards, strict=True) for name in shard}
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return names
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether `folder` holds a converted model: its config and its weights, whole or sharded."""
+    return (folder / "config.json").is_file() and any(
+        (folder / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+    )
 
 
 def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
     """`gguf` (a Llama or Qwen2) as a bf16 safetensors folder `target` with its tokenizer; without its
     chat template when `chat` is False. Written whole or not at all."""
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -215,14 +278,13 @@ def convert_bf16(gguf: Path, target: Path, chat: bool = True) -> Path:
             f"{gguf.name}: bf16 conversion takes {', '.join(ARCHITECTURES)}, not {parsed.get('model_type')}"
         )
     parsed.pop("_model_name_or_path", None)
-    tensors = bf16_tensors(gguf, parsed)
-    parsed["tie_word_embeddings"] = "lm_head.weight" not in tensors
-    config = AutoConfig.for_model(**parsed, architectures=[ARCHITECTURES[parsed["model_type"]]], dtype="bfloat16")
     if not chat:
         tokenizer.chat_template = None
     with folder_in_place(target) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
+        names = write_shards(bf16_items(gguf, parsed), tmp)
+        parsed["tie_word_embeddings"] = "lm_head.weight" not in names
+        arch = [ARCHITECTURES[parsed["model_type"]]]
+        config = AutoConfig.for_model(**parsed, architectures=arch, dtype="bfloat16")
         config.save_pretrained(tmp)
         ids = {k: parsed[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in parsed}
         GenerationConfig(**ids).save_pretrained(tmp)

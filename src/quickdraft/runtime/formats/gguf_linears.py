@@ -16,10 +16,11 @@ import torch
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import formats
 from quickdraft.runtime.kernels.q4k import Q4KLinear
+from quickdraft.runtime.kernels.rows import RowSlice
 from quickdraft.runtime.kernels.w4a8 import W4A8Linear
 from quickdraft.runtime.kernels.w6a8 import W6A8Linear
 from quickdraft.runtime.kernels.w8a8 import W8A8Linear, w8a8_linear
-from quickdraft.weights.gguf_convert import unpermute_rows
+from quickdraft.weights.gguf_convert import open_gguf, unpermute_rows
 from quickdraft.weights.gguf_weights import (
     int4_form,
     linear_tensors,
@@ -35,7 +36,9 @@ Q8_FORMS = ("bf16", "int8", "w8a8")
 Q4_FORMS = ("int4", "w4a8")
 
 
-def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tuple[dict[str, object], dict[str, int]]:
+def gguf_linears(
+    path: Path, config, q8: str = "int8", q4: str = "int4", fuse: tuple[tuple[str, ...], ...] = ()
+) -> tuple[dict[str, object], dict[str, int]]:
     """Every linear of a Llama GGUF in its nearest kernel form, keyed by Hugging Face parameter name.
 
     Args:
@@ -46,6 +49,8 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
             then runs as stored, w6a8) or "bf16" (left to the model's own weight).
         q4: what Q4_0/Q4_1/Q4_K tensors become: "int4" (aten's weight-only kernel) or "w4a8" (Q4_K as
             stored: q4k). Q5_0 follows `q8`, and Q6_K becomes int8 under "int8" and "bf16".
+        fuse: groups of a layer's linears ("self_attn.q_proj", ...) built as stored as one linear over
+            their rows where they share a type, each a RowSlice of it (what `rows.fused_slices` makes).
 
     Returns:
         ({name: a kernel-form linear}, {GGUF type: count of the linears' tensors}). Linears left to the
@@ -65,6 +70,8 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
             f"{path.name}: GGUF type {', '.join(missing)} has no kernel here to run as stored "
             f"(runs: {formats.describe()}); use --quantize none (its bf16 conversion) or int8"
         )
+    reader = open_gguf(path)  # each tensor's pages are dropped once packed: `reader.release`
+    pending: dict[tuple[str, ...], dict[str, tuple]] = {}
     for name, role, t in tensors:
         kind = t.tensor_type.name
         types[kind] = types.get(kind, 0) + 1
@@ -77,14 +84,54 @@ def gguf_linears(path: Path, config, q8: str = "int8", q4: str = "int4") -> tupl
                 rows = torch.from_numpy(np.ascontiguousarray(raw))
             if role in heads:
                 rows = rows[unpermute_rows(raw.shape[0], heads[role])]
-            linears[name] = formats.FORMATS[kind].linear(rows)
+            group = _group_of(name, fuse)
+            if group is None:
+                linears[name] = formats.FORMATS[kind].linear(rows)
+                reader.release(raw)
+                continue
+            pending.setdefault(group, {})[name] = (kind, rows, raw)
+            if len(pending[group]) == len(group):
+                parts = pending.pop(group)
+                linears.update(_built_together(reader, [(n, *parts[n]) for n in group]))
             continue
         form = tensor_blocks(raw, kind, path.name, t.name)
         if role in heads:
             order = unpermute_rows(raw.shape[0], heads[role])
             form = (form[0], *(x[order] for x in form[1:]))
         linears[name] = _kernel_form(form, q8, q4)
+        reader.release(raw)
+    for group, parts in pending.items():  # a group the file holds only part of: each part alone
+        linears.update(_built_together(reader, [(n, *parts[n]) for n in group if n in parts]))
     return linears, types
+
+
+def _group_of(name: str, fuse: tuple[tuple[str, ...], ...]) -> tuple[str, ...] | None:
+    """The full names of the fused group `name` belongs to ("model.layers.3.self_attn.q_proj.weight" ->
+    that layer's q, k and v), or None."""
+    for group in fuse:
+        for part in group:
+            if name.endswith(f".{part}.weight"):
+                stem = name[: -len(f"{part}.weight")]
+                return tuple(f"{stem}{p}.weight" for p in group)
+    return None
+
+
+def _built_together(reader, parts: list[tuple[str, str, torch.Tensor, np.ndarray]]) -> dict[str, object]:
+    """{name: linear} of (name, GGUF type, stored rows, the file's bytes) parts: one linear over their
+    concatenated rows, each part a RowSlice of it, where they share a type (the file's rows are per-row
+    blocks); else each alone. Built whole from the rows, never as parts then copied together: a load
+    holds one copy. The parts' pages in `reader` are dropped after."""
+    if len(parts) < 2 or len({kind for _, kind, _, _ in parts}) > 1:
+        built = {name: formats.FORMATS[kind].linear(rows) for name, kind, rows, _ in parts}
+    else:
+        whole = formats.FORMATS[parts[0][1]].linear(torch.cat([rows for _, _, rows, _ in parts]))
+        bounds = [0]
+        for _, _, rows, _ in parts:
+            bounds.append(bounds[-1] + rows.shape[0])
+        built = {name: RowSlice(whole, a, b) for (name, *_), a, b in zip(parts, bounds, bounds[1:], strict=False)}
+    for *_, raw in parts:
+        reader.release(raw)
+    return built
 
 
 def _kernel_form(form: tuple, q8: str, q4: str) -> object:

@@ -93,7 +93,7 @@ def linear_names(config) -> list[str]:
 def _gguf_w4a8(loaded: LoadedModel) -> tuple[dict[str, object], str]:
     """w4a8 linears from the GGUF the model came from, each block type as stored (`runtime/formats`), and
     their source, where every linear's type has a format (`_own_blocks`)."""
-    linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8")
+    linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8", fuse=FUSED)
     return linears, f"{loaded.gguf.name} ({_counts(counted)}; every block as stored)"
 
 
