@@ -9,6 +9,7 @@ between them for a prefill is `runtime/kernels/attention.long_attention`; this i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -53,16 +54,19 @@ def main() -> int:
             q = torch.randn(n, args.heads, args.head_dim, dtype=dtype)
             mask = causal_mask(n, at, "cpu")
             qt = q.transpose(0, 1)[None]
-            ours = best(lambda: attend(q, k, v, at + n, mask), args.repeat)
-            sdpa = best(lambda: F.scaled_dot_product_attention(qt, k[None], v[None], attn_mask=mask, enable_gqa=True),
-                        args.repeat)  # fmt: skip
+            ours = best(functools.partial(attend, q, k, v, at + n, mask), args.repeat)
+            sdpa_call = functools.partial(
+                F.scaled_dot_product_attention, qt, k[None], v[None], attn_mask=mask, enable_gqa=True
+            )
+            sdpa = best(sdpa_call, args.repeat)
             rows.append({"dtype": name, "context": at + n, "rows": n, "kernel_ms": ours, "sdpa_ms": sdpa})
             print(f"{name} rows {n} context {at + n}: kernel {ours:.2f} ms, SDPA {sdpa:.2f} ms", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     host = {"cpu": cpu_model(), "level": kernels.chosen_level(),
             "amx": "amx_bf16" in cpu_features(), "threads": torch.get_num_threads()}  # fmt: skip
-    out.write_text(json.dumps({"host": host, "heads": [args.heads, args.kv_heads, args.head_dim], "rows": rows}, indent=1))
+    heads = [args.heads, args.kv_heads, args.head_dim]
+    out.write_text(json.dumps({"host": host, "heads": heads, "rows": rows}, indent=1))
     return 0
 
 

@@ -18,7 +18,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-_FILE = Path(__file__).resolve().parents[1] / "src" / "quickdraft" / "bench" / "llama_cmake.py"
+_FILE = Path(__file__).resolve().parents[1] / "src" / "quickdraft" / "bench" / "peers" / "llama_cmake.py"
 _SPEC = importlib.util.spec_from_file_location("llama_cmake", _FILE)
 llama_cmake = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(llama_cmake)  # by its path: no package import (nothing is installed yet)

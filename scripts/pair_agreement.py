@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.bench.llama_cpp import WORKER
-from quickdraft.bench.peer_process import ChildPeer
+from quickdraft.bench.peers.child import ChildPeer
+from quickdraft.bench.peers.llama_cpp_peer import WORKER
 from quickdraft.bench.runner import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.caches.native_cache import NativeCachedModel

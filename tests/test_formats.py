@@ -139,7 +139,7 @@ def test_files_llama_cpp_made_from_the_pairs_gguf_read_as_gguf_dequantizes_them(
     `gguf.quants.dequantize` gives it; all six new types are met."""
     from gguf import GGUFReader
 
-    from quickdraft.bench.llama_cpp import quantized_copy
+    from quickdraft.bench.peers.llama_cpp_peer import quantized_copy
     from quickdraft.weights.default import named_gguf
 
     source, met = named_gguf("qwen2.5-coder-0.5b"), set()

@@ -10,7 +10,7 @@ import pytest
 
 from quickdraft import QuickdraftError
 from quickdraft.bench.methods import build_method, parse_methods
-from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.peers.child import PeerSkipped
 from quickdraft.bench.runner import _methods_with_ar
 
 from conftest import bench_one_prompt
@@ -87,7 +87,7 @@ def test_its_repacked_copy_where_installed(tmp_path):
         pytest.skip('the ik extra is not installed (pip install -e ".[ik]")')
     from gguf import GGUFReader
 
-    from quickdraft.bench.ik_llama_cpp import repacked
+    from quickdraft.bench.peers.ik_llama_cpp_peer import repacked
     from quickdraft.weights.default import named_gguf
 
     try:

@@ -1,8 +1,8 @@
-"""llama.cpp as a bench peer (bench/llama_cpp.py): the pure acceptance count, option errors, the missing
+"""llama.cpp as a bench peer (bench/peers/llama_cpp_peer.py): the pure acceptance count, option errors, the missing
 extra's message, and on the embedded default's GGUF (the `peers` extra installed): plain greedy decoding
 agreeing with ours, prompt lookup equal to llama.cpp's own plain decoding, a requantized copy cached,
 and a bench run reporting agreement apart from the lossless match. llama.cpp runs in a child process
-(`bench/peer_process.py`): a build that dies on this host fails a test, it cannot kill the suite."""
+(`bench/peers/child.py`): a build that dies on this host fails a test, it cannot kill the suite."""
 
 import importlib.util
 import json
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from quickdraft import QuickdraftError
-from quickdraft.bench.llama_cpp import WORKERS, lookup_accepted, quantized_copy
 from quickdraft.bench.methods import build_method, parse_methods
+from quickdraft.bench.peers.llama_cpp_peer import WORKERS, lookup_accepted, quantized_copy
 from quickdraft.bench.runner import BenchConfig, _methods_with_ar, run_bench
 
 

@@ -1,4 +1,4 @@
-"""llama.cpp's own draft-model speculation as a bench peer (bench/llama_spec.py): its build arguments
+"""llama.cpp's own draft-model speculation as a bench peer (bench/peers/llama_spec_peer.py): its build arguments
 and cache key, its command line, reading a real run's output (tests/data/llama_spec: a run of the built
 `llama-speculative-simple` on the Qwen pair), and the method end to end on a stand-in binary that
 prints what the real one prints (its tokens, the end token it does not print, the budget's proration,
@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 from quickdraft import QuickdraftError
-from quickdraft.bench import llama_spec
-from quickdraft.bench.llama_spec import LlamaSpecMethod, binary_path, build_args, command, context_for, parse_run
 from quickdraft.bench.methods import build_method, parse_methods
-from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, peak_rss_kib
+from quickdraft.bench.peers import llama_spec_peer as llama_spec
+from quickdraft.bench.peers.child import CHILD_PEAKS, PeerCrashed, peak_rss_kib
+from quickdraft.bench.peers.llama_spec_peer import (
+    LlamaSpecMethod,
+    binary_path,
+    build_args,
+    command,
+    context_for,
+    parse_run,
+)
 from quickdraft.bench.runner import _is_plain, _methods_with_ar
 from quickdraft.weights.loading import LoadedModel
 

@@ -55,7 +55,7 @@ def test_speculation_after_a_chunked_prefill_equals_plain_decoding(monkeypatch, 
 
 def test_the_peers_context_is_sized_to_the_prompts():
     """`peer_context` capped a peer at 4,096 positions, so an 8k-31k-token prompt could not run there."""
-    from quickdraft.bench import gguf_peer
+    from quickdraft.bench.peers import gguf_peer
 
     target = tiny_llama()  # max_position_embeddings 4096
     target.model.config.max_position_embeddings = 32768

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 
 from quickdraft.bench.methods import build_method, parse_methods
-from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.peers.child import PeerSkipped
 from quickdraft.bench.runner import _methods_with_ar
 from quickdraft.errors import QuickdraftError
 

@@ -1,5 +1,5 @@
 """A peer that dies cannot take the bench with it (issue #47): a child process's signal or exit is one
-method's one-line failure (`bench/peer_process.py`), the bench runs the others and reports what died;
+method's one-line failure (`bench/peers/child.py`), the bench runs the others and reports what died;
 and the llama.cpp build flags follow the host's instruction sets, AMX never."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from quickdraft import QuickdraftError
 from quickdraft.bench import runner
-from quickdraft.bench.llama_cmake import cmake_args, cpu_flags
 from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, describe_exit
+from quickdraft.bench.peers.child import ChildPeer, PeerCrashed, describe_exit
+from quickdraft.bench.peers.llama_cmake import cmake_args, cpu_flags
 from quickdraft.bench.runner import BenchConfig, run_bench
 
 WORKER = """
@@ -162,3 +162,31 @@ def test_llama_cpp_build_flags_follow_the_host_and_never_use_amx():
     avx2_only = cmake_args({"avx", "avx2", "fma", "f16c", "bmi2"})
     assert "-DGGML_AVX2=ON" in avx2_only and "-DGGML_AVX512=OFF" in avx2_only and "-DGGML_AVX512_VNNI=OFF" in avx2_only
     assert not any(a.endswith("AMX_TILE=ON") for a in avx2_only)
+
+
+PEER_PACKAGES = {"llama_cpp", "ik_llama_cpp", "openvino", "openvino_genai", "numpy"}  # what the workers import
+
+
+def shadowing(folder, packages=PEER_PACKAGES) -> list[str]:
+    """Files in a worker's folder named as a package is: run by path, the folder is first on the import
+    path, so such a file would be imported in the package's place."""
+    import importlib.util
+
+    return sorted(
+        p.name for p in folder.glob("*.py") if p.stem in packages or importlib.util.find_spec(p.stem) is not None
+    )
+
+
+def test_no_file_beside_the_peers_workers_shadows_a_package(tmp_path):
+    """bench/peers/ is the workers' folder; none of its files takes a package's name. Control: a folder
+    holding a `llama_cpp.py` (the old bench/llama_cpp.py) is caught."""
+    from quickdraft.bench.peers import child
+
+    folder = __import__("pathlib").Path(child.__file__).parent
+    assert sorted(p.name for p in folder.glob("*_worker.py")) == [
+        "ik_llama_cpp_worker.py", "llama_cpp_worker.py", "openvino_worker.py"
+    ]  # fmt: skip
+    assert shadowing(folder) == []
+    (tmp_path / "llama_cpp.py").write_text("")
+    (tmp_path / "json.py").write_text("")
+    assert shadowing(tmp_path) == ["json.py", "llama_cpp.py"]

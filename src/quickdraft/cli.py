@@ -47,7 +47,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub, _add_model_flags)
 
-    from quickdraft.bench.kernels_cli import add_kernels_parser
+    from quickdraft.costs.kernels_cli import add_kernels_parser
 
     add_kernels_parser(sub)
 

@@ -15,7 +15,7 @@ import resource
 import threading
 from pathlib import Path
 
-from quickdraft.bench.peer_process import CHILD_PEAKS, peak_rss_kib, proc_kib
+from quickdraft.bench.peers.child import CHILD_PEAKS, peak_rss_kib, proc_kib
 
 
 def descendants(pid: int) -> list[int]:

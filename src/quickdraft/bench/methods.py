@@ -7,8 +7,8 @@ pre_verify, post_verify, parallel), with the same defaults as the CLI. The peers
 own generate() on the same loaded target: "hf-ar" (plain greedy decoding) and "hf-assisted"
 (assistant_model= or prompt_lookup_num_tokens=; keys drafter, draft_length, schedule), and llama.cpp
 on the target's GGUF: "llama-cpp" (keys quantize=gguf|q4_0|q4_1|q8_0|bf16 and lookup=N;
-bench/llama_cpp.py), and its own draft-model speculation (draft=NAME|FILE.gguf, draft_max, draft_min,
-p_min; bench/llama_spec.py); "ik-llama-cpp" (key repack=1: its rows interleaved) and "openvino" (keys
+bench/peers/llama_cpp_peer.py), and its own draft-model speculation (draft=NAME|FILE.gguf, draft_max, draft_min,
+p_min; bench/peers/llama_spec_peer.py); "ik-llama-cpp" (key repack=1: its rows interleaved) and "openvino" (keys
 lookup=N: OpenVINO GenAI's prompt lookup; draft=NAME|FILE.gguf and draft_max=N: its draft-model
 speculation) on the same file. Every
 method of ours also takes `runtime` and `quantize` (a quantized target: `ar:quantize=int4`,
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.bench.ik_llama_cpp import IkLlamaCppMethod
-from quickdraft.bench.llama_cpp import KEYS as LLAMA_CPP_KEYS
-from quickdraft.bench.llama_cpp import LlamaCppMethod
-from quickdraft.bench.llama_spec import SPEC_KEYS, LlamaSpecMethod
-from quickdraft.bench.openvino_peer import OpenVinoMethod
 from quickdraft.bench.outputs import RunOutput
+from quickdraft.bench.peers.ik_llama_cpp_peer import IkLlamaCppMethod
+from quickdraft.bench.peers.llama_cpp_peer import KEYS as LLAMA_CPP_KEYS
+from quickdraft.bench.peers.llama_cpp_peer import LlamaCppMethod
+from quickdraft.bench.peers.llama_spec_peer import SPEC_KEYS, LlamaSpecMethod
+from quickdraft.bench.peers.openvino_peer import OpenVinoMethod
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine

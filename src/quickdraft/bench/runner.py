@@ -20,11 +20,11 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.bench.gguf_peer import sized_for
 from quickdraft.bench.memory import TreePeak, peak_rss_mib
 from quickdraft.bench.methods import QuickdraftMethod, build_method
 from quickdraft.bench.metrics import summarize
-from quickdraft.bench.peer_process import PeerCrashed
+from quickdraft.bench.peers.child import PeerCrashed
+from quickdraft.bench.peers.gguf_peer import sized_for
 from quickdraft.bench.plan import _is_plain, _methods_with_ar, _sampled, _weights
 from quickdraft.defaults import AUTO, auto_weights
 from quickdraft.errors import QuickdraftError

@@ -9,7 +9,7 @@ the quickdraft cache (`q4_0`, `q4_1`, `q8_0`, `bf16`). Its weights differ from o
 report agreement with our plain decoding apart from the lossless match (which, for `lookup`, is
 against llama.cpp's own plain decoding of the same weights).
 
-llama.cpp runs in a child process (`bench/llama_cpp_worker.py`, `bench/peer_process.py`): a build
+llama.cpp runs in a child process (`bench/peers/llama_cpp_worker.py`, `bench/peers/child.py`): a build
 that dies on this host (a signal) fails this method with one line, not the bench (issue #47).
 
 Needs the optional extra: `pip install -e ".[peers]"` (llama-cpp-python, built from its sdist with
@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from quickdraft.bench.gguf_peer import peer_context
 from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import ChildPeer
+from quickdraft.bench.peers.child import ChildPeer
+from quickdraft.bench.peers.gguf_peer import peer_context
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
 from quickdraft.weights.loading import LoadedModel
@@ -95,7 +95,7 @@ def lookup_accepted(prompt_len: int, output: list[int], drafts: list[tuple[int, 
 
 class LlamaCppMethod:
     """A bench method running llama.cpp on the target's GGUF (plain, or with prompt lookup), in a
-    child process (`bench/peer_process.py`): its crash is this method's failure (`PeerCrashed`)."""
+    child process (`bench/peers/child.py`): its crash is this method's failure (`PeerCrashed`)."""
 
     speculative = False
 

@@ -3,8 +3,9 @@
 peer's method of that name with one JSON reply a line on the original stdout; {"op": "close"} ends it.
 
 A worker runs by path, so it imports the standard library, this file (found beside it) and its peer's
-own package only, never quickdraft nor torch. `main` first drops the workers' folder from the import
-path: its `llama_cpp.py` would shadow the real `llama_cpp` package.
+own package only, never quickdraft nor torch. Its folder is then first on the import path, so no file
+here is named as a package is (`tests/test_peer_process.py` checks it): `llama_cpp_peer.py`, not
+`llama_cpp.py`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ def serve(peer, requests, replies) -> None:
 
 def main(peer) -> None:
     """Serve `peer` on this process's stdin and stdout; whatever the peer's library prints goes to stderr."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol keeps the real stdout
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     serve(peer, sys.stdin, replies)

@@ -4,7 +4,7 @@
 llama-cpp-python has no draft-model API, so this builds llama.cpp's `llama-speculative-simple` (the
 target and a draft model, greedy, one sequence: the loop of `llama-server --model-draft`) once, from
 the source vendored in the installed llama-cpp-python's sdist (fetched from the package registry),
-with the flags of `bench/llama_cmake.py` (this CPU's sets, AMX off), into the quickdraft cache.
+with the flags of `bench/peers/llama_cmake.py` (this CPU's sets, AMX off), into the quickdraft cache.
 
 Each prompt is one run of that binary on the same prompt text (our tokenizer's decoding of the
 prompt ids, special tokens kept; llama.cpp tokenizes it again). Its time is what llama.cpp itself
@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.bench.llama_cmake import cmake_args, host_flags
-from quickdraft.bench.llama_cpp import quantized_copy
 from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import CHILD_PEAKS, PeerCrashed, describe_exit, peak_rss_kib
+from quickdraft.bench.peers.child import CHILD_PEAKS, PeerCrashed, describe_exit, peak_rss_kib
+from quickdraft.bench.peers.llama_cmake import cmake_args, host_flags
+from quickdraft.bench.peers.llama_cpp_peer import quantized_copy
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
 

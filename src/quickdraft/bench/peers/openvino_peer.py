@@ -1,7 +1,7 @@
 """OpenVINO GenAI as a peer in the bench (`openvino`): plain greedy decoding of the target's GGUF through
 its `LLMPipeline` and its own GGUF reader, fed what our methods are fed (the prompt ids, the budget, the
 EOS ids, the threads; the prefill timed by its own time to the first token). It runs in a child process
-(`bench/openvino_worker.py`): a runtime that dies on this host fails this method with one line.
+(`bench/peers/openvino_worker.py`): a runtime that dies on this host fails this method with one line.
 
 Its speculation, each compared with its plain decoding (its forwards and the draft tokens they kept
 come from the pipeline's own count of tokens a step, `m_batch_sizes`; it reports neither how many
@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from quickdraft.bench.gguf_peer import GgufPeer
-from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.peers.child import PeerSkipped
+from quickdraft.bench.peers.gguf_peer import GgufPeer
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
 from quickdraft.weights.loading import LoadedModel
@@ -48,7 +48,7 @@ class OpenVinoMethod(GgufPeer):
             raise QuickdraftError(f"{spec.text}: draft_max needs draft=")
         self.draft = None
         if name is not None:
-            from quickdraft.bench.llama_spec import draft_gguf
+            from quickdraft.bench.peers.llama_spec_peer import draft_gguf
 
             self.draft = draft_gguf(name, "openvino")
         self.speculative = bool(self.lookup or self.draft)
@@ -78,7 +78,7 @@ def openvino_draft(gguf: Path, label: str) -> Path:
     """The folder OpenVINO's draft is read from: the draft's GGUF requantized to DRAFT_QUANT (llama.cpp's
     quantizer, cached) and linked in as `model.gguf`, which the worker converts on its first load (its
     IR and tokenizers written beside it). A missing quantizer is a one-line skip."""
-    from quickdraft.bench.llama_cpp import quantized_copy
+    from quickdraft.bench.peers.llama_cpp_peer import quantized_copy
 
     folder = cache_dir() / "openvino" / f"{gguf.stem}-{gguf.stat().st_size}-{DRAFT_QUANT}"
     if (folder / "openvino_model.xml").is_file():

@@ -1,7 +1,7 @@
 """ik_llama.cpp as a peer in the bench (`ik-llama-cpp`): plain greedy decoding of the target's GGUF through
 ik-llama-cpp-python (module `ik_llama_cpp`, so it sits beside llama-cpp-python), fed what our methods
 are fed (the prompt ids, the budget, the threads; the prefill timed). It runs in a child process
-(`bench/ik_llama_cpp_worker.py`): a build that dies on this host fails this method with one line.
+(`bench/peers/ik_llama_cpp_worker.py`): a build that dies on this host fails this method with one line.
 
 `ik-llama-cpp:repack=1` runs a copy of the file with its rows interleaved (Q4_K -> Q4_K_R4, Q6_K ->
 Q6_K_R4: the layout ik_llama.cpp's `-rtr` makes at load time for its fastest CPU kernels, which its
@@ -21,8 +21,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from quickdraft.bench.gguf_peer import GgufPeer, peer_context
-from quickdraft.bench.peer_process import PeerSkipped
+from quickdraft.bench.peers.child import PeerSkipped
+from quickdraft.bench.peers.gguf_peer import GgufPeer, peer_context
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import cache_dir
 from quickdraft.weights.loading import LoadedModel

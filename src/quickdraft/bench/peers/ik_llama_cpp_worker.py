@@ -1,7 +1,7 @@
 """The ik_llama.cpp peer's child process: ik-llama-cpp-python (module `ik_llama_cpp`) loaded here, never in
-the bench's process (a build that dies on this host ends this process only: `bench/peer_process.py`).
+the bench's process (a build that dies on this host ends this process only: `bench/peers/child.py`).
 
-Run by path, it imports the standard library, `peer_worker.py` (its loop) and ik_llama_cpp only. The
+Run by path, it imports the standard library, `worker_loop.py` (its loop) and ik_llama_cpp only. The
 protocol is llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
 - {"op": "load", "model", "n_ctx", "threads"}: the model; replies its build's system info;
 - {"op": "run", "prompt", "max_new_tokens", "eos"}: greedy plain decoding from the prompt ids; replies
@@ -58,6 +58,6 @@ class Peer:
 
 
 if __name__ == "__main__":
-    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+    from worker_loop import main  # beside this file: run by path, its folder is on the import path
 
     main(Peer())

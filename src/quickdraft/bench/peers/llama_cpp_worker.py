@@ -2,8 +2,8 @@
 
 A llama.cpp build that does not run on the host dies with a signal (an AMX `tilezero` on an Intel
 Xeon VM was SIGILL, issue #47); here that death ends this process only, and the parent
-(`bench/peer_process.py`) reports it as one method's failure. Run by path (`python
-llama_cpp_worker.py`), so it imports the standard library, `peer_worker.py` (its loop) and llama_cpp
+(`bench/peers/child.py`) reports it as one method's failure. Run by path (`python
+llama_cpp_worker.py`), so it imports the standard library, `worker_loop.py` (its loop) and llama_cpp
 only, not quickdraft (nor torch).
 
 Protocol: one JSON object a line on stdin, one reply a line on the original stdout (llama.cpp's own
@@ -124,6 +124,6 @@ class Peer:
 
 
 if __name__ == "__main__":
-    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+    from worker_loop import main  # beside this file: run by path, its folder is on the import path
 
     main(Peer())

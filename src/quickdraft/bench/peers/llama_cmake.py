@@ -1,5 +1,5 @@
 """The CMake arguments that build llama.cpp for this CPU, the peer's library (llama-cpp-python, README's
-test command) and its own draft-model speculation binary (`bench/llama_spec.py`) alike.
+test command) and its own draft-model speculation binary (`bench/peers/llama_spec_peer.py`) alike.
 
 llama.cpp's default `-march=native` build turns on every instruction set the compiler sees, AMX
 included, and on an Intel Xeon virtual machine with AMX its first decode died on an AMX `tilezero`

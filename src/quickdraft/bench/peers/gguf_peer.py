@@ -1,5 +1,5 @@
 """A peer runtime's plain greedy decoding of the target's own GGUF, in a child process (`GgufPeer`): what
-`ik-llama-cpp` (`bench/ik_llama_cpp.py`) and `openvino` (`bench/openvino_peer.py`) share. It is fed what
+`ik-llama-cpp` (`ik_llama_cpp_peer.py`) and `openvino` (`openvino_peer.py`) share. It is fed what
 our methods are fed (the prompt ids, the budget, the EOS ids, the threads; the prefill timed). The peer
 is an optional extra: where its package is missing or it cannot load the file, the method is skipped
 with one line (`PeerSkipped`); a worker that dies fails it with one line (`PeerCrashed`).
@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from quickdraft.bench.outputs import RunOutput
-from quickdraft.bench.peer_process import ChildPeer, PeerCrashed, PeerSkipped
+from quickdraft.bench.peers.child import ChildPeer, PeerCrashed, PeerSkipped
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.loading import LoadedModel
 

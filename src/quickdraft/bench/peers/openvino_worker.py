@@ -1,7 +1,7 @@
 """The OpenVINO GenAI peer's child process: openvino_genai loaded here, never in the bench's process (a
-runtime that dies on this host ends this process only: `bench/peer_process.py`).
+runtime that dies on this host ends this process only: `bench/peers/child.py`).
 
-Run by path, it imports the standard library, `peer_worker.py` (its loop), numpy and OpenVINO only. The protocol is
+Run by path, it imports the standard library, `worker_loop.py` (its loop), numpy and OpenVINO only. The protocol is
 llama_cpp_worker's (one JSON request a line on stdin, one reply a line on the original stdout):
 - {"op": "load", "model", "threads", "lookup", "draft_folder", "draft_max"}: an `LLMPipeline` over the
   GGUF file (OpenVINO's own GGUF reader), on the CPU with that many inference threads, with prompt
@@ -71,6 +71,6 @@ class Peer:
 
 
 if __name__ == "__main__":
-    from peer_worker import main  # beside this file: run by path, its folder is on the import path
+    from worker_loop import main  # beside this file: run by path, its folder is on the import path
 
     main(Peer())
