@@ -16,7 +16,7 @@ import time
 import torch
 
 import quickdraft.runtime.formats.gguf_linears as gguf_linears
-from quickdraft.bench.runner import machine_info
+from quickdraft.host import machine_info
 from quickdraft.runtime.kernels.w4a8 import W4A8Linear
 from quickdraft.runtime.kernels.w8a8 import w8a8_linear
 from quickdraft.runtime.target import load_target

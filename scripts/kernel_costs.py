@@ -15,8 +15,7 @@ import argparse
 
 import torch
 
-from quickdraft.bench.runner import machine_info
-from quickdraft.host import median_seconds
+from quickdraft.host import machine_info, median_seconds
 from quickdraft.runtime import kernels
 from quickdraft.runtime.kernels.w4a8 import w4a8_linear
 from quickdraft.runtime.kernels.w8a8 import w8a8_linear

@@ -23,7 +23,7 @@ import torch
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.bench.peers.child import ChildPeer
 from quickdraft.bench.peers.llama_cpp_peer import WORKER
-from quickdraft.bench.runner import machine_info
+from quickdraft.host import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.formats.quantized import quantize_model

@@ -14,8 +14,7 @@ import json
 
 import torch
 
-from quickdraft.bench.runner import machine_info
-from quickdraft.host import median_seconds
+from quickdraft.host import machine_info, median_seconds
 from quickdraft.runtime import kernels
 from quickdraft.runtime.kernels.linear import packing
 from quickdraft.runtime.target import load_target

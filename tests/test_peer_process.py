@@ -179,7 +179,7 @@ def shadowing(folder, packages=PEER_PACKAGES) -> list[str]:
 
 def test_no_file_beside_the_peers_workers_shadows_a_package(tmp_path):
     """bench/peers/ is the workers' folder; none of its files takes a package's name. Control: a folder
-    holding a `llama_cpp.py` (the old bench/llama_cpp.py) is caught."""
+    holding a `llama_cpp.py` (as the bench's llama.cpp peer was once named) is caught."""
     from quickdraft.bench.peers import child
 
     folder = __import__("pathlib").Path(child.__file__).parent

@@ -107,6 +107,22 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_features())
 
 
+def machine_info(config_device: str = "cpu") -> dict:
+    """What a measurement ran on: the CPU, its flags that pick kernels, torch's threads and version."""
+    import torch
+
+    wanted = {"avx2", "avx_vnni", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimddp", "i8mm"}
+    return {
+        "cpu": cpu_model(),
+        "cpu_flags": sorted(cpu_features() & wanted),
+        "device": "cuda" if torch.cuda.is_available() and config_device == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def cpu_model() -> str:
     mac = platform.system() == "Darwin"
     brand = _sysctl(["machdep.cpu.brand_string"]).get("machdep.cpu.brand_string") if mac else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from quickdraft.bench.peers.gguf_peer import sized_for
 from quickdraft.bench.plan import _is_plain, _methods_with_ar, _sampled, _weights
 from quickdraft.defaults import AUTO, auto_weights
 from quickdraft.errors import QuickdraftError
-from quickdraft.host import cpu_features, cpu_model
+from quickdraft.host import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.weights.loading import LoadedModel, load_model
 
@@ -55,21 +54,6 @@ class BenchConfig:
     out: str = "bench-out"
     command: str = ""
     extra: dict = field(default_factory=dict)
-
-
-def machine_info(config_device: str = "cpu") -> dict:
-    cpu = cpu_model()
-    flags = cpu_features()
-    wanted = {"avx2", "avx_vnni", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "asimddp", "i8mm"}
-    return {
-        "cpu": cpu,
-        "cpu_flags": sorted(flags & wanted),
-        "device": "cuda" if torch.cuda.is_available() and config_device == "cuda" else "cpu",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
 
 
 def run_bench(config: BenchConfig, target: LoadedModel | None = None, progress: bool = True) -> dict:

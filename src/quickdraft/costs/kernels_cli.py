@@ -51,7 +51,7 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[int], tuple[int, i
 def host_lines(shape: tuple[int, int]) -> list[str]:
     """The host kind, the fused kernels' level, the bf16 linear the runtime chose for this host and the
     one a weight of `shape` takes (another where the host's is not exact at that shape)."""
-    from quickdraft.bench.runner import machine_info
+    from quickdraft.host import machine_info
     from quickdraft.runtime import kernels
     from quickdraft.runtime.kernels.linear import kind_for, packing
 

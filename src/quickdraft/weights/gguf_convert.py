@@ -133,11 +133,12 @@ class GGUFFile:
         """Drop a tensor's pages (`data`: one of `tensors`' views) from this process's resident memory, once
         it is read: a load that packs each tensor keeps one copy of the weights, not its copy plus the
         file's pages. Touched again, the pages are read back from the file."""
-        if not hasattr(mmap, "MADV_DONTNEED") or data.nbytes == 0:
+        advice = getattr(mmap, "MADV_DONTNEED", None)  # POSIX; not on Windows
+        if advice is None or data.nbytes == 0:
             return
         start = data.__array_interface__["data"][0] - self.map.__array_interface__["data"][0]
         first = start // mmap.PAGESIZE * mmap.PAGESIZE
-        self._pages.madvise(mmap.MADV_DONTNEED, first, start + data.nbytes - first)
+        self._pages.madvise(advice, first, start + data.nbytes - first)
 
 
 _U64 = struct.Struct("<Q")
