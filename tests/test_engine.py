@@ -128,3 +128,33 @@ def test_a_copied_draft_can_run_in_its_own_dtype():
     for bad, msg in (("truncated:1@float8", "unknown dtype"), ("ngram@float32", "no dtype")):
         with pytest.raises(QuickdraftError, match=msg):
             make_drafter(bad, target)
+
+
+@pytest.mark.parametrize("runtime", ["hf", "native"])
+def test_a_draft_narrower_than_a_padded_target_vocabulary_drafts_and_stays_exact(runtime):
+    """llama.cpp's converter pads a GGUF's vocabulary with `[PAD<id>]` tokens up to its embedding rows (a
+    Qwen2.5 7B's 152,064 against its 0.5B's 151,936): the unpadded draft pairs with it, proposes none of
+    the padding ids (its head restricted to its own rows), and greedy output equals plain decoding, with
+    speculation. Control: an extra token that is not padding is still refused."""
+    from quickdraft.config import SamplingConfig, StopConfig
+    from quickdraft.drafters.model_drafter import model_drafter
+
+    tok = char_tokenizer()
+    real = len(tok)
+    tok.add_tokens([f"[PAD{i}]" for i in range(real, real + 3)])
+    target = tiny_llama(vocab=len(tok), tokenizer=tok, eos=tok.eos_token_id)
+    draft = tiny_text_model(seed=0)
+    assert check_vocab(target, draft) == real + 3
+    sd = Engine(target, EngineConfig(method="sd"), drafter=model_drafter(draft, target, "draft", runtime))
+    ar = Engine(target, EngineConfig(method="ar"))
+    drafted = 0
+    for prompt in ([5, 6, 7], [9, 9, 4, 3], [20, 21]):
+        a = ar.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        b = sd.generate_ids(prompt, SamplingConfig(), StopConfig(24))
+        assert b.token_ids == a.token_ids
+        drafted += b.stats.num_draft_tokens
+    assert drafted > 0
+    other = char_tokenizer()
+    other.add_tokens([f"[PAD{real}]", "<extra>", f"[PAD{real + 2}]"])
+    with pytest.raises(QuickdraftError, match="do not share a vocabulary"):
+        check_vocab(tiny_llama(vocab=len(other), tokenizer=other), draft)

@@ -13,6 +13,7 @@ RATIO = re.compile(r"(?<![\w.])\d+(\.\d+)?x(?![\w])")  # 1.57x, 10x (not 0x1F, n
 THROUGHPUT = re.compile(r"\d+(\.\d+)?\s*(tokens|tok|prompt tokens)/s\b")
 HOST = re.compile(r"\b(EPYC|Xeon|Sapphire Rapids|Zen ?\d|H100|H200|A100|M[1-4] (Pro|Max))\b")
 TIMING = re.compile(r"\d+(\.\d+)?\s*(ms|us|s|%|GB|MB|GiB|MiB)\b")
+MEASURE = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")  # 0.375 (of a step), near a host's name
 
 
 def figures(text: str) -> list[str]:
@@ -23,7 +24,8 @@ def figures(text: str) -> list[str]:
     found = []
     for n, line in enumerate(lines):
         near_host = bool(hosts & {n - 1, n, n + 1})
-        if RATIO.search(line) or THROUGHPUT.search(line) or (near_host and TIMING.search(line)):
+        measured = TIMING.search(line) or MEASURE.search(line)
+        if RATIO.search(line) or THROUGHPUT.search(line) or (near_host and measured):
             found.append(f"{n + 1}: {line.strip()}")
     return found
 
@@ -47,6 +49,11 @@ def test_a_planted_figure_of_each_kind_is_found():  # negative control
             "// 3.6 ms of attention",
             "x = 0x1F  # not a figure",
             "a 2x2 matrix and tokens/s as a label",
+            "",
+            "# its step is 0.375 of a bf16 step on an AMD EPYC",
+            "",
+            "",
+            "# version 2.13 of torch",
         ]
     )
-    assert [line.split(":")[0] for line in figures(planted)] == ["1", "2", "3", "5"]
+    assert [line.split(":")[0] for line in figures(planted)] == ["1", "2", "3", "5", "9"]

@@ -4,8 +4,8 @@ priced against them by the clock.
 On a GPU a plain step of a batch of one is one captured graph whose argmax feeds the next step on
 the device (`StaticBatchForward.greedy_chain`): the host's launch and Python overlap the GPU's work,
 so a plain step costs what the GPU does. A drafted round cannot overlap that way (its draft needs
-the verdict of the round before), so it costs its host work on top: measured on the H200 (issue
-#50), a suffix round took about 2.6 chained plain steps and committed 1.96 tokens on Spec-Bench. The
+the verdict of the round before), so it costs its host work on top (measured on a GPU, issue #50: a
+suffix round cost more chained plain steps than the tokens it committed; docs/benchmarks.md). The
 host's forward-cost curve does not see this (it times forwards, not rounds), so for this case the
 guard is priced by the clock: a drafted round costs its wall time over a chained step's. Greedy
 tokens do not depend on which rounds drafted, so the clock changes the speed, never the output.

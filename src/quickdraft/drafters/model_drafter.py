@@ -23,20 +23,19 @@ from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.tree import model_tree
 from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
-from quickdraft.drafters.window import ContextWindow, parse_window
+from quickdraft.drafters.window import ContextWindow, parse_window, readable
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
 from quickdraft.verifiers.tree import TokenTree
-from quickdraft.weights.loading import LoadedModel, check_vocab, load_model, resolve_dtype
+from quickdraft.weights.loading import LoadedModel, check_vocab, draft_head, embedding_rows, load_model, resolve_dtype
 
 
 def parse_quant(arg: str | None):
     """`quant[:MODE[;vocab=K]]` -> (QuantSpec, K or None): the target's own weights quantized (MODE as
-    `--quantize`, default w4a8: its step is 0.375 of a bf16 target step on an AMD EPYC, where int4's and
-    gguf's weight-only kernels take 0.8; docs/bench/draft-costs), its head restricted to K ids
-    (drafters/vocab.py)."""
+    `--quantize`, default w4a8: the cheapest step measured, docs/bench/draft-costs), its head restricted
+    to K ids (drafters/vocab.py)."""
     from quickdraft.weights.quant import parse_quantize
 
     mode, vocab = split_vocab("quant", arg)
@@ -59,12 +58,13 @@ class ModelDrafter(Drafter):
     can_review = True
 
     def __init__(
-        self, model: CachedModel, name: str = "model", weights: object = None, window: int | None = None
+        self, model: CachedModel, name: str = "model", weights=None, window: int | None = None, rows: int | None = None
     ) -> None:
         self.model = model
         self.name = name
         self.window = ContextWindow(window)  # `window.fitted`: its size fitted to each generation's budget
         self.weights = weights  # the quantized forms `model` runs: held, so other drafters reuse them (shared)
+        self.rows = rows  # its embedding's rows where the target's vocabulary is wider (`window.readable`)
         self._forwards_at_begin = 0
 
     def begin(self, prompt_ids: Sequence[int], budget: int | None = None) -> None:
@@ -80,7 +80,7 @@ class ModelDrafter(Drafter):
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
         twin = ModelDrafter(self.model.twin(), self.name, self.weights, self.window.size)
-        twin.window.fitted, twin.pmin = self.window.fitted, self.pmin
+        twin.window.fitted, twin.pmin, twin.rows = self.window.fitted, self.pmin, self.rows
         return twin
 
     def step_seconds(self) -> float:
@@ -94,7 +94,7 @@ class ModelDrafter(Drafter):
     ) -> TokenTree:
         """A chain of one token per step, or a token tree (drafters/tree.py); the cache ends at `context`.
         A draft with a shorter context than the target stops drafting near its limit (plain steps)."""
-        context = self.window.view(context)
+        context = readable(self.window.view(context), self.rows)
         if request.shape is not None:
             request = request.within(self.model.max_length - len(context) - 1)
             if request.budget < 1:
@@ -159,7 +159,8 @@ def model_drafter(
     reading `window`'s view of the context (None: all of it)."""
     vocab = check_vocab(target, draft)
     draft.model.to(target.model.device)
-    return ModelDrafter(cached_model(draft.model, vocab, draft.head_ids, runtime), name=name, window=window)
+    model = cached_model(draft.model, vocab, draft_head(draft, vocab), runtime)
+    return ModelDrafter(model, name=name, window=window, rows=embedding_rows(draft, vocab))
 
 
 def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
@@ -208,9 +209,8 @@ def shared_draft(path: str, dtype: str) -> LoadedModel:
     return draft
 
 
-# an independent draft model's default chain: up to 8 tokens, stopped after one it gives p < 0.7 (on the
-# Qwen pair, stop 54: faster than p < 0.5 and p < 0.35 on Spec-Bench quick and HumanEval, and p < 0.5 had
-# beaten fixed chains of 4; docs/benchmarks.md)
+# an independent draft model's default chain: up to 8 tokens, stopped after one it gives p < 0.7 (the
+# fastest of the stops measured on the Qwen pair: docs/benchmarks.md)
 PMIN = (8, 0.7)
 
 
@@ -243,8 +243,8 @@ def native_drafter(
     check_dtype(draft.model.dtype, f"drafter {name}")
     vocab_size = check_vocab(target, draft)
     quantized = quantize_model(draft, mode)  # one copy while a drafter holds it: the bench's methods share it
-    model = cached_model(draft.model, vocab_size, draft.head_ids, "native", quantized.linears)
-    return ModelDrafter(model, name=name, weights=quantized, window=window)
+    model = cached_model(draft.model, vocab_size, draft_head(draft, vocab_size), "native", quantized.linears)
+    return ModelDrafter(model, name=name, weights=quantized, window=window, rows=embedding_rows(draft, vocab_size))
 
 
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:

@@ -40,6 +40,15 @@ def fitted_size(size: int, budget: int | None) -> int:
     return size if budget is None else max(min(size, budget), min(size, FIT_MIN))
 
 
+def readable(context: Sequence[int], rows: int | None) -> Sequence[int]:
+    """`context` as a draft with `rows` embedding rows can read it (None: all of it): a padded target's
+    padding ids, which a narrower draft has no rows for, read as id 0. What a draft reads never changes
+    what the target accepts, only how well it guesses."""
+    if rows is None or max(context, default=0) < rows:
+        return context
+    return [t if t < rows else 0 for t in context]
+
+
 class ContextWindow:
     """The draft's view of a growing sequence: the whole of it, or a prompt cut to `size` tokens.
 

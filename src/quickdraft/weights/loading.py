@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,20 +138,30 @@ def truncated_copy(target: LoadedModel, num_layers: int, dtype: torch.dtype | No
     return LoadedModel(model=draft.eval(), tokenizer=target.tokenizer, name=f"{target.name}[:{num_layers}]")
 
 
+PADDING = re.compile(r"\[PAD\d+\]")  # the names llama.cpp's converter gives a vocabulary's padded ids
+
+
 def check_vocab(target: LoadedModel, draft: LoadedModel) -> int:
     """Return the shared vocabulary size, or raise if draft and target cannot be paired.
 
-    Tokenizers (when both have one) must map the same strings to the same ids; model output widths
-    may differ by a padded tail but must cover the shared vocabulary.
+    Tokenizers (when both have one) must map the same strings to the same ids, apart from padding ids
+    (`[PAD<id>]`, which llama.cpp's converter adds up to a model's embedding rows: a Qwen2.5 7B's 152,064
+    against its 0.5B's 151,936); model output widths may differ by a padded tail but must cover the
+    shared vocabulary. A draft narrower than the target's padded vocabulary proposes none of the padding
+    ids (its head is restricted to its own rows: `draft_head`), which speculative sampling keeps exact.
     """
+    padded = False
     if target.tokenizer is not None and draft.tokenizer is not None:
         tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
         if tv != dv:
-            diff = next((t for t in tv if dv.get(t) != tv[t]), None) or next(t for t in dv if t not in tv)
-            raise QuickdraftError(
-                f"draft {draft.name} and target {target.name} do not share a vocabulary "
-                f"({len(dv)} vs {len(tv)} tokens; first difference: {diff!r})"
-            )
+            real_t, real_d = ({k: v for k, v in x.items() if not PADDING.fullmatch(k)} for x in (tv, dv))
+            if real_t != real_d:
+                diff = next((t for t in tv if dv.get(t) != tv[t]), None) or next(t for t in dv if t not in tv)
+                raise QuickdraftError(
+                    f"draft {draft.name} and target {target.name} do not share a vocabulary "
+                    f"({len(dv)} vs {len(tv)} tokens; first difference: {diff!r})"
+                )
+            padded = True
         vocab = target.vocab_size
     elif target.output_vocab_size != draft.output_vocab_size:
         raise QuickdraftError(
@@ -160,8 +171,28 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> int:
     else:
         vocab = target.output_vocab_size
     for m in (target, draft):
-        if m.output_vocab_size < vocab:
+        covers = m.output_vocab_size >= vocab or (padded and m is draft and _real_ids(m) <= m.output_vocab_size)
+        if not covers:
             raise QuickdraftError(
                 f"{m.name} has {m.output_vocab_size} output tokens, fewer than the vocabulary ({vocab})"
             )
     return vocab
+
+
+def _real_ids(m: LoadedModel) -> int:
+    """One past the highest id of `m`'s tokenizer that is not padding."""
+    return 1 + max(i for t, i in m.tokenizer.get_vocab().items() if not PADDING.fullmatch(t))
+
+
+def embedding_rows(draft: LoadedModel, vocab: int) -> int | None:
+    """The draft's embedding rows where they are fewer than the shared vocabulary (a padded target's)."""
+    rows = int(draft.model.get_input_embeddings().weight.shape[0])
+    return rows if rows < vocab else None
+
+
+def draft_head(draft: LoadedModel, vocab: int) -> torch.Tensor | None:
+    """The draft's head ids over a `vocab`-wide output: its own restriction, else, where its head is
+    narrower than `vocab` (a padded target's), its own rows (the rest scatter to -inf), else None."""
+    if draft.head_ids is not None or draft.output_vocab_size >= vocab:
+        return draft.head_ids
+    return torch.arange(draft.output_vocab_size)
