@@ -83,6 +83,7 @@ class SpecStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     wall_s: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt tokens a kept prefix held (no forward: the server's prefix store)
     lossy: bool = False
     verifier: str = ""  # the verifier's name ("" for plain decoding)
     ran: dict[str, str] = field(default_factory=dict)  # method, drafter (as resolved), target, weights, runtime, device

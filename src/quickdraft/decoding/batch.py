@@ -63,6 +63,7 @@ class _Waiting:
     sampling: SamplingConfig
     stop: StopConfig
     done: int = 0  # prompt tokens prefilled so far
+    cached: int = 0  # of which kept from an earlier prompt or conversation (no forward)
     started: bool = False  # its prefill has begun in the prefill cache
     prefill_s: float = 0.0
 
@@ -176,7 +177,8 @@ class BatchDecoder:
             job = self.waiting[0]
             start = time.perf_counter()
             if not job.started:  # a prefix shared with the previous prompt is kept, not recomputed
-                job.done, job.started = self.target.prefill_start(job.prompt), True
+                job.done = job.cached = self.target.prefill_start(job.prompt)
+                job.started = True
             left = len(job.prompt) - job.done
             size = min(budget, left)
             with eager_attention():
@@ -202,6 +204,7 @@ class BatchDecoder:
         collector = Collector(job.stop, self.detokenize)
         collector.stats.verifier = "tree" if drafter is not None else ""
         collector.stats.ran = dict(self.ran)
+        collector.stats.cached_prompt_tokens = job.cached
         reads = (FEATURES,) if self.reads_features else ()
         row = _Row(job.prompt + [token], job.sampling, gens, drafter, reads, job.key, collector)
         self.rows.append(row)
@@ -250,6 +253,7 @@ class BatchDecoder:
         row = self.rows[i]
         if row.drafter is not None:
             row.drafter.end()
+        self.target.keep(i, row.context)
         self.target.remove(i)
         self.rows[i] = self.rows[-1]
         self.rows.pop()

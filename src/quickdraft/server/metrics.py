@@ -20,6 +20,7 @@ class Metrics:
             "quickdraft:requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
         self.generated = Counter("quickdraft:generation_tokens", "generated tokens", registry=r)
+        self.cached = Counter("quickdraft:prompt_tokens_cached", "prompt tokens a kept prefix held", registry=r)
         self.drafts = Counter("quickdraft:spec_decode_num_drafts", "draft/verify rounds with drafts", registry=r)
         self.draft_tokens = Counter("quickdraft:spec_decode_num_draft_tokens", "draft tokens", registry=r)
         self.accepted = Counter("quickdraft:spec_decode_num_accepted_tokens", "accepted draft tokens", registry=r)
@@ -49,6 +50,7 @@ class Metrics:
     def observe(self, result: GenerationResult) -> None:
         s = result.stats
         self.generated.inc(s.num_new_tokens)
+        self.cached.inc(s.cached_prompt_tokens)
         self.drafts.inc(s.num_drafts)
         self.draft_tokens.inc(s.num_draft_tokens)
         self.accepted.inc(s.num_accepted_draft_tokens)

@@ -2,8 +2,7 @@
 
 Every client error becomes an `APIError` (status, message, param) answered with
 `{"error": {"message", "type", "param", "code"}}`. Parameters the library does not implement are
-refused by name, never silently ignored; unknown extra fields are ignored (OpenAI clients send new
-ones).
+refused by name, never silently ignored; unknown extra fields are ignored (OpenAI clients send new ones).
 """
 
 from __future__ import annotations
@@ -234,11 +233,12 @@ def spec_metrics(stats: SpecStats) -> dict:
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},  # held by a kept prefix: no forward
     }
 
 
@@ -264,7 +264,7 @@ def full_response(req: CompletionRequest, rid: str, model: str, result: Generati
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": usage(prompt_tokens, len(result.token_ids)),
+        "usage": usage(prompt_tokens, len(result.token_ids), result.stats.cached_prompt_tokens),
     }
     if req.return_spec_stats:
         out["metrics"] = spec_metrics(result.stats)
@@ -293,7 +293,7 @@ def final_chunk(req: CompletionRequest, rid: str, model: str, result: Generation
         "created": int(time.time()),
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, len(result.token_ids)),
+        "usage": usage(prompt_tokens, len(result.token_ids), result.stats.cached_prompt_tokens),
     }
     if req.return_spec_stats:
         out["metrics"] = spec_metrics(result.stats)

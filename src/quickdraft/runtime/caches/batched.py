@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.runtime.caches.batch_cache import BatchKVCache
+from quickdraft.runtime.caches.prefix_store import PrefixStore, default_budget
 from quickdraft.types import TargetOutput
 
 
@@ -47,9 +48,10 @@ class BatchedTarget:
             batched forward (`forward_batch`, its shapes and device), it owns the weights, LM head
             and prefill cache.
         max_batch: the most rows decoded together.
+        store_bytes: the bound of the finished rows' kept prefixes (`prefix_store.py`; None: its default).
     """
 
-    def __init__(self, single, max_batch: int) -> None:
+    def __init__(self, single, max_batch: int, store_bytes: int | None = None) -> None:
         if not single.supports_batches:  # declared on the protocol, never probed by class
             raise TypeError(f"batched decoding needs a target that supports batches (not the {single.runtime} runtime)")
         net = single.net
@@ -62,6 +64,7 @@ class BatchedTarget:
         self._features = net.embed.new_zeros(0, net.embed.shape[1])
         self._feature_ids: list[int] = []  # the ids whose rows `_features` holds
         self.static = None  # a runtime.graphs.StaticBatchForward, when the forward is static
+        self.store = PrefixStore(default_budget() if store_bytes is None else store_bytes)
 
     @property
     def rows(self) -> int:
@@ -80,16 +83,27 @@ class BatchedTarget:
 
     def prefill_start(self, prompt: Sequence[int]) -> int:
         """Begin prefilling `prompt` in the prefill cache, keeping the longest prefix it shares with
-        what that cache holds (the previous prompt: a chat template's system prompt, say; at most
-        all but the prompt's last token; with `keep_features`, rows whose features are kept too);
-        returns how many tokens were kept (they need no forward)."""
+        what that cache holds (the previous prompt: a chat template's system prompt, say) or with a
+        finished row's kept sequence (`keep`: a chat's earlier turns and answers); at most all but the
+        prompt's last token; with `keep_features`, rows whose features are kept too. Returns how many
+        tokens were kept (they need no forward)."""
         held, limit, kept = self.single.tokens, min(len(self.single.tokens), len(prompt) - 1), 0
         featured = self._feature_ids if self.keep_features else held  # features kept for these rows
         limit = min(limit, len(featured))
         while kept < limit and held[kept] == prompt[kept] and featured[kept] == prompt[kept]:
             kept += 1
+        hit = None if self.keep_features else self.store.best(prompt, beat=kept)  # features are not kept there
+        if hit is not None:  # a finished conversation's rows, answers included
+            entry, kept = hit
+            self.single.restore(entry.tokens[:kept], entry.k[:, :, :kept], entry.v[:, :, :kept])
         self.single.rollback(kept)
         return kept
+
+    def keep(self, row: int, context: Sequence[int]) -> None:
+        """Keep a leaving row's cached positions (its `context`'s first ones) for a prompt that comes back."""
+        n = min(self.cache.lengths[row], len(context))
+        if self.store.budget > 0 and n > 0:
+            self.store.put(context[:n], self.cache.k[:, row, :, :n], self.cache.v[:, row, :, :n])
 
     def prefill(self, tokens: Sequence[int], first: bool = False) -> torch.Tensor:
         """Run a prompt chunk through the prefill cache after what it holds (`first`: from an empty

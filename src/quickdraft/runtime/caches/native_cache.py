@@ -242,6 +242,15 @@ class NativeCachedModel(TokenCacheVerbs):
         self._shallow = []
         return states
 
+    @torch.inference_mode()
+    def restore(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Hold `tokens` with their (layers, kv, n, d) keys and values (a kept prefix: prefix_store.py)."""
+        n = len(tokens)
+        self.reset()
+        self.cache.ensure(n)
+        self.cache.k[:, :, :n], self.cache.v[:, :, :n] = k, v
+        self.tokens, self.cache.length = list(tokens), n
+
     def rollback(self, length: int) -> None:
         """Drop every cached position from `length` on: a new length, nothing copied."""
         if not 0 <= length <= self.length:

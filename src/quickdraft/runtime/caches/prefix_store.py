@@ -1,0 +1,92 @@
+"""Prompts that come back (issue #79 item 5): the KV rows of finished conversations, kept by their token
+ids in a store bounded by memory, so a chat's next turn (its earlier turns, the answers included) or a
+FIM session's next keystroke prefills only what is new.
+
+`BatchedTarget` owns the store: a row that leaves hands its committed ids and its cache rows in (`put`),
+and a joining prompt takes the entry that shares the longest prefix with it (`best`) when that beats
+what the prefill cache already holds. The oldest entries go first when the bytes pass the budget
+(llama.cpp's server keeps up to 8 GiB of prompts in RAM by default: `default_budget`). An entry is
+a copy of the rows it kept (layers, kv heads, n, head dim), never a view into a cache that moves on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.host import available_memory
+
+RAM_CEILING = 8 << 30  # the store's default bound: llama.cpp's server's `--cache-ram` default
+MIN_SHARED = 16  # tokens an entry must share with a prompt to be loaded (less: a chat template's opening)
+
+
+def default_budget(available: int | None = None) -> int:
+    """The store's bytes: a quarter of the memory the host can give (MemAvailable), at most RAM_CEILING;
+    0 where it cannot be read."""
+    available = available_memory() if available is None else available
+    return 0 if available is None else min(RAM_CEILING, available // 4)
+
+
+@dataclass
+class Entry:
+    """A kept sequence: its ids and their (layers, kv, n, d) keys and values."""
+
+    tokens: list[int]
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixStore:
+    """Finished sequences' cache rows by their ids, oldest dropped first past `budget` bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0  # prompts that loaded an entry
+
+    def put(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep `tokens` with their (layers, kv, n, d) rows (copied); an entry it extends is replaced."""
+        entry = Entry(list(tokens), k.clone(), v.clone())
+        if entry.nbytes > self.budget or not tokens:
+            return
+        for key in [key for key in self.entries if shared_length(key, tokens) == len(key)]:
+            self._drop(key)  # a prefix of the new entry: the new one holds it
+        self.entries[tuple(tokens)] = entry
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.budget:
+            self._drop(next(iter(self.entries)))
+
+    def best(self, prompt: Sequence[int], beat: int = 0) -> tuple[Entry, int] | None:
+        """The entry sharing the longest prefix with `prompt` (at most all but its last id), if that is
+        more than `beat` ids and at least MIN_SHARED; marked as the newest."""
+        limit = len(prompt) - 1
+        found, length = None, max(beat, MIN_SHARED - 1)
+        for key in self.entries:
+            n = min(shared_length(key, prompt), limit)
+            if n > length:
+                found, length = key, n
+        if found is None:
+            return None
+        self.entries.move_to_end(found)
+        self.hits += 1
+        return self.entries[found], length
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self.nbytes -= self.entries.pop(key).nbytes
