@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.drafters.model_drafter import UNSET, parse_model
-from quickdraft.drafters.vocab import restricted_head
+from quickdraft.drafters.draft_models.model_drafter import UNSET, parse_model
+from quickdraft.drafters.draft_models.vocab import restricted_head
 from quickdraft.training.data import _response_scored, collate
 from quickdraft.training.scoring import scored_logits
 from quickdraft.training.seqkd import read_seqkd

@@ -17,7 +17,7 @@ import torch
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import round as rnd
-from quickdraft.drafters.model_drafter import ModelDrafter
+from quickdraft.drafters.draft_models.model_drafter import ModelDrafter
 from quickdraft.engine import Engine
 from quickdraft.options import options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel

@@ -1,5 +1,5 @@
 """Rank a target's token ids by frequency in the SeqKD text, for self-drafts with a restricted head
-(`truncated:N;vocab=K`, `quant:MODE;vocab=K`; drafters/vocab.py).
+(`truncated:N;vocab=K`, `quant:MODE;vocab=K`; drafters/draft_models/vocab.py).
 
     python scripts/rank_vocab.py --target gemma3-270m --data ../shared/data/seqkd \
         --output src/quickdraft/assets/vocab/gemma-3-270m
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
-from quickdraft.drafters.vocab import RANKED
+from quickdraft.drafters.draft_models.vocab import RANKED
 from quickdraft.weights.default import ensure_default_model
 from quickdraft.weights.loading import load_model
 

@@ -24,7 +24,7 @@ def _lookups_priced_at_zero(monkeypatch):
     lookups, timed on this host, would outweigh a tiny target's step and turn speculation off. A
     test of that pricing sets `SuffixDrafter.lookup_seconds` itself."""
     from quickdraft.costs import cost_curve
-    from quickdraft.drafters.suffix import SuffixDrafter
+    from quickdraft.drafters.model_free.suffix import SuffixDrafter
 
     monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: None)
     monkeypatch.setattr(cost_curve, "PERSIST_DRAFTING", False)  # nor are these prices kept in the cache

@@ -14,7 +14,7 @@ from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.ahead import Ahead, branches, deeper, first_path, guess, subtree, take_ahead
 from quickdraft.drafters.base import DraftRequest
-from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.drafters.model_free.suffix import SuffixDrafter
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.runtime.forward.graphs import StaticBatchForward
 from quickdraft.verifiers.tree import TokenTree
@@ -71,8 +71,8 @@ def test_a_draft_ahead_is_kept_only_where_its_guess_held():
 def test_drafters_that_draft_ahead_are_host_lookups():
     """Only drafters whose fork's draft is a function of its context and shared data draft ahead: the
     suffix and prompt-lookup ones; a model drafter (its own cache, its draws) does not."""
-    from quickdraft.drafters.model_drafter import ModelDrafter
-    from quickdraft.drafters.ngram import PromptLookupDrafter
+    from quickdraft.drafters.draft_models.model_drafter import ModelDrafter
+    from quickdraft.drafters.model_free.ngram import PromptLookupDrafter
 
     assert SuffixDrafter.drafts_ahead and PromptLookupDrafter.drafts_ahead and not ModelDrafter.drafts_ahead
     drafter = SuffixDrafter(None)

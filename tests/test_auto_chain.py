@@ -134,7 +134,7 @@ def test_a_mixed_tree_takes_its_model_stages_pmin_chain(tiny_model_dir):
 
 
 def test_the_fast_forms_window_is_fitted_and_a_window_given_is_not(tiny_model_dir):
-    """`model:X` leaves its window to the fast form, fitted to each generation's budget (drafters/window.py);
+    """`model:X` leaves its window to the fast form, fitted to each generation's budget (`draft_models/window.py`);
     `model:X;window=N` reads N prompt tokens whatever the budget."""
     auto = Engine.load(tiny_model_dir, options_from({"drafter": f"model:{tiny_model_dir}"}), "float32")
     given = Engine.load(tiny_model_dir, options_from({"drafter": f"model:{tiny_model_dir};window=12"}), "float32")

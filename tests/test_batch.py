@@ -20,9 +20,9 @@ from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import collect
 from quickdraft.decoding.common import Generators
-from quickdraft.drafters.model_drafter import ModelDrafter
-from quickdraft.drafters.ngram import PromptLookupDrafter
-from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.drafters.draft_models.model_drafter import ModelDrafter
+from quickdraft.drafters.model_free.ngram import PromptLookupDrafter
+from quickdraft.drafters.model_free.suffix import SuffixDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.caches.batched import BatchedTarget, RowBlock
 from quickdraft.runtime.caches.native_cache import NativeCachedModel

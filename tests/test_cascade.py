@@ -9,8 +9,8 @@ from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.base import DraftRequest, draft_path
-from quickdraft.drafters.cascade import CascadeDrafter, check_k_matrix, parse_cascade
-from quickdraft.drafters.mag import MaGDrafter, build_bigram, load_bigram, save_bigram
+from quickdraft.drafters.combined.cascade import CascadeDrafter, check_k_matrix, parse_cascade
+from quickdraft.drafters.model_free.mag import MaGDrafter, build_bigram, load_bigram, save_bigram
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.caches.cached_model import CachedModel

@@ -9,8 +9,8 @@ from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.costs import cost_curve
 from quickdraft.costs.cost_curve import best_budget, measure_cost_curve, relative_cost, tree_draft_forwards
-from quickdraft.drafters.suffix import TREE_GAIN, SuffixDrafter
-from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
+from quickdraft.drafters.model_free.suffix import TREE_GAIN, SuffixDrafter
+from quickdraft.drafters.model_free.suffix_index import SuffixIndex, concat_documents
 from quickdraft.options import options_from
 
 from conftest import FLAT_CURVE as AVX512
@@ -86,7 +86,7 @@ def test_measured_curve_has_every_width():
 def test_a_drafters_lookups_are_priced_once_a_drafted_round(monkeypatch):
     """The suffix drafter's measured lookups (index search, tree building) join every drafted round's
     price: the guard's and the auto budget's. Large enough, they turn speculation off."""
-    from quickdraft.drafters.suffix import SuffixDrafter
+    from quickdraft.drafters.model_free.suffix import SuffixDrafter
 
     target = tiny_llama(vocab=64, layers=2, seed=3)
     monkeypatch.setattr(SuffixDrafter, "lookup_seconds", lambda self: 0.0)
@@ -98,7 +98,7 @@ def test_a_drafters_lookups_are_priced_once_a_drafted_round(monkeypatch):
 
 
 def test_the_suffix_drafters_lookup_is_measured_without_touching_its_request(monkeypatch):
-    from quickdraft.drafters.suffix import SuffixDrafter
+    from quickdraft.drafters.model_free.suffix import SuffixDrafter
 
     monkeypatch.undo()  # the real measurement (conftest prices lookups at zero)
     index = SuffixIndex(concat_documents([list(range(5, 60)) * 60]))

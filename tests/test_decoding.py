@@ -221,7 +221,7 @@ def test_a_windowed_draft_reads_the_prompt_cut_and_the_output_is_unchanged():
     """`;window=N`: the draft (the target itself, so every draft it sees whole is right) reads the
     prompt's first SINK tokens and its last N - SINK, then everything generated; greedy output equals
     plain decoding, speculation happened, and the draft's cache holds the cut sequence only."""
-    from quickdraft.drafters.window import SINK
+    from quickdraft.drafters.draft_models.window import SINK
 
     target = tiny_llama(dtype=torch.float64)
     plain = Autoregressive(CachedModel(target.model))
@@ -244,7 +244,7 @@ def test_a_fitted_window_reads_no_more_prompt_than_the_generation_may_add():
     """The fast form's window (`fitted`) reads max(FIT_MIN, the budget) prompt tokens, at most its size,
     for a generation of at most `budget` new tokens: greedy output still equals plain decoding, and the
     draft's cache holds the shorter cut. Control: the same window not fitted reads its whole size."""
-    from quickdraft.drafters.window import FIT_MIN, SINK, fitted_size
+    from quickdraft.drafters.draft_models.window import FIT_MIN, SINK, fitted_size
 
     assert [fitted_size(256, b) for b in (None, 1000, 256, 128, 64, 16)] == [256, 256, 256, 128, 64, 64]
     assert fitted_size(32, 16) == 32  # a window under FIT_MIN keeps its size

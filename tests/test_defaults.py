@@ -1,5 +1,5 @@
-"""Issue #67: what runs when the user leaves a choice open (`defaults.py`, `drafters/fast_form.py`,
-`drafters/ranking.py`): the target's weights, the drafter, a draft model's fast form, each with a reason
+"""Issue #67: what runs when the user leaves a choice open (`defaults.py`, `drafters/draft_models/fast_form.py`,
+`drafters/draft_models/ranking.py`): the target's weights, the drafter, a draft model's fast form, each with a reason
 in the statistics; every explicit option wins; the defaults stay lossless."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from quickdraft import defaults
-from quickdraft.drafters import fast_form
-from quickdraft.drafters.ranking import rank_ids, vocab_key
+from quickdraft.drafters.draft_models import fast_form
+from quickdraft.drafters.draft_models.ranking import rank_ids, vocab_key
 from quickdraft.engine import Engine
 from quickdraft.options import EngineConfig, options_from
 
@@ -125,7 +125,7 @@ def test_ids_are_ranked_by_their_counts_and_keyed_by_the_vocabulary():
 def test_the_embedded_default_ranks_its_own_tokenizer_from_the_shipped_text(tmp_path, monkeypatch):
     """The ranking made from shipped text for SmolLM2's own tokenizer puts common ids first (a space
     and 'the'-like pieces) and is kept in the cache by content: the second call reads it back."""
-    from quickdraft.drafters import ranking
+    from quickdraft.drafters.draft_models import ranking
     from quickdraft.weights.loading import load_model
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))

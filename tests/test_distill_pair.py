@@ -113,7 +113,7 @@ def test_a_model_student_with_train_n_trains_its_last_layers_and_its_delta_holds
 
 
 def test_a_model_born_delta_drafts_quantized_through_a_window_and_stays_lossless(tiny_model_dir, tmp_path):
-    from quickdraft.drafters.model_drafter import PMIN, ModelDrafter
+    from quickdraft.drafters.draft_models.model_drafter import PMIN, ModelDrafter
     from quickdraft.weights.loading import load_model
 
     target = load_model(tiny_model_dir, "float32")
@@ -172,7 +172,7 @@ def test_a_restricted_head_always_holds_the_targets_eos(tiny_model_dir, tmp_path
     the draft could never propose the end of an answer); negative control: the ranking alone lacks it."""
     from safetensors.torch import save_file
 
-    from quickdraft.drafters.vocab import ranked_ids, restricted_head
+    from quickdraft.drafters.draft_models.vocab import ranked_ids, restricted_head
     from quickdraft.weights.loading import load_model
 
     target = load_model(tiny_model_dir, "float32")
@@ -187,7 +187,7 @@ def test_a_restricted_head_always_holds_the_targets_eos(tiny_model_dir, tmp_path
 
 
 def test_a_distilled_head_is_filled_to_k_from_the_targets_shipped_ranking(monkeypatch, tiny_model_dir, tmp_path):
-    from quickdraft.drafters import vocab
+    from quickdraft.drafters.draft_models import vocab
     from quickdraft.training import DistillConfig, Distiller
     from quickdraft.weights.loading import load_model
 

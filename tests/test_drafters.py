@@ -116,7 +116,7 @@ def test_fallback_chain_uses_the_copy_where_it_matches_and_the_model_elsewhere()
 
 @pytest.mark.parametrize("bad", ["0", "4", "x", "-3"])
 def test_a_model_drafters_window_is_refused_unless_past_its_sink(bad):
-    from quickdraft.drafters.model_drafter import parse_model
+    from quickdraft.drafters.draft_models.model_drafter import parse_model
 
     with pytest.raises(QuickdraftError, match="window must be an integer"):
         parse_model(f"some/draft;window={bad}")

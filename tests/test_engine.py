@@ -137,7 +137,7 @@ def test_a_draft_narrower_than_a_padded_target_vocabulary_drafts_and_stays_exact
     the padding ids (its head restricted to its own rows), and greedy output equals plain decoding, with
     speculation. Control: an extra token that is not padding is still refused."""
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.drafters.model_drafter import model_drafter
+    from quickdraft.drafters.draft_models.model_drafter import model_drafter
 
     tok = char_tokenizer()
     real = len(tok)

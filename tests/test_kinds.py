@@ -136,7 +136,7 @@ def test_a_self_draft_head_restricted_to_k_ids(tmp_path):
     ranking are refused by name."""
     from safetensors.torch import save_file
 
-    from quickdraft.drafters.vocab import RANKED
+    from quickdraft.drafters.draft_models.vocab import RANKED
 
     from conftest import tiny_llama
 

@@ -61,7 +61,7 @@ def test_packed_native_forward_equals_unpacked(monkeypatch):
 def test_a_draft_head_packed_for_drafting_equals_the_live_one(monkeypatch):
     """`for_inference` packs a feature head's block and fusion (and HeadLM its restricted LM head):
     the same outputs as the live modules; with gradients on, the live weights are used."""
-    from quickdraft.drafters.reuse import HeadLM
+    from quickdraft.drafters.from_target.reuse import HeadLM
     from quickdraft.models.draft_heads import DraftHeadConfig, FeatureHead, block_cache, for_inference
 
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "1")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from quickdraft import defaults, host
-from quickdraft.drafters import fast_form
+from quickdraft.drafters.draft_models import fast_form
 from quickdraft.runtime import kernels
 from quickdraft.runtime.kernels import levels
 

@@ -15,11 +15,11 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import Drafter, ModelDrafter, make_drafter
 from quickdraft.drafters.base import DraftRequest
-from quickdraft.drafters.mixed import MixedTreeDrafter, tree_paths
+from quickdraft.drafters.combined.mixed import MixedTreeDrafter, tree_paths
+from quickdraft.drafters.model_free.suffix import SuffixDrafter
+from quickdraft.drafters.model_free.suffix_index import SuffixIndex, concat_documents
+from quickdraft.drafters.model_free.suffix_trie import merge_scores, paths_to_tree
 from quickdraft.drafters.spec import parse_drafter_spec
-from quickdraft.drafters.suffix import SuffixDrafter
-from quickdraft.drafters.suffix_index import SuffixIndex, concat_documents
-from quickdraft.drafters.suffix_trie import merge_scores, paths_to_tree
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import options_from

@@ -147,8 +147,8 @@ def test_only_llama_q_k_rows_are_unpermuted(tmp_path):
 
 
 def test_the_model_drafter_spec_takes_quant_vocab_and_window():
-    from quickdraft.drafters.fast_form import DraftForm
-    from quickdraft.drafters.model_drafter import UNSET, parse_model
+    from quickdraft.drafters.draft_models.fast_form import DraftForm
+    from quickdraft.drafters.draft_models.model_drafter import UNSET, parse_model
 
     assert parse_model("qwen2.5-coder-0.5b") == ("qwen2.5-coder-0.5b", DraftForm(UNSET, UNSET, UNSET))
     assert parse_model("x;quant=w4a8-all;vocab=32768") == ("x", DraftForm(QuantSpec("w4a8-all"), "32768", UNSET))

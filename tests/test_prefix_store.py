@@ -12,7 +12,7 @@ from quickdraft.decoding.batch import BatchDecoder, run_batch
 from quickdraft.decoding.batch_plan import BatchPlan
 from quickdraft.decoding.collect import collect
 from quickdraft.decoding.common import Generators
-from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.drafters.model_free.suffix import SuffixDrafter
 from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.caches.prefix_store import MIN_SHARED, PrefixStore, default_budget

@@ -363,7 +363,7 @@ def test_a_bf16_model_is_quantized_from_its_float32_checkpoint(tiny_model_dir):
 
 
 def test_a_bare_quant_drafter_is_the_w4a8_self_draft():
-    from quickdraft.drafters.model_drafter import parse_quant
+    from quickdraft.drafters.draft_models.model_drafter import parse_quant
 
     assert parse_quant(None)[0].mode == "w4a8" and parse_quant("int4")[0].mode == "int4"
 

@@ -16,10 +16,10 @@ from quickdraft.decoding.adaptive import make_draft_policy
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.drafters import FallbackDrafter, PromptLookupDrafter, ngram_drafter
 from quickdraft.drafters.base import FEATURES
-from quickdraft.drafters.block import BlockDrafterRunner
-from quickdraft.drafters.feature_head import FeatureHeadDrafter
-from quickdraft.drafters.kangaroo import KangarooDrafter
-from quickdraft.drafters.reuse import HeadLM
+from quickdraft.drafters.draft_models.block import BlockDrafterRunner
+from quickdraft.drafters.from_target.feature_head import FeatureHeadDrafter
+from quickdraft.drafters.from_target.kangaroo import KangarooDrafter
+from quickdraft.drafters.from_target.reuse import HeadLM
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.caches.cached_model import CachedModel

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.drafters import Drafter, ModelDrafter
-from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.drafters.model_free.suffix import SuffixDrafter
 from quickdraft.options import RequestOptions
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.server.app import create_app

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from quickdraft.drafters.cascade import parse_cascade
-from quickdraft.drafters.model_drafter import parse_model
-from quickdraft.drafters.suffix import parse_suffix
+from quickdraft.drafters.combined.cascade import parse_cascade
+from quickdraft.drafters.draft_models.model_drafter import parse_model
+from quickdraft.drafters.model_free.suffix import parse_suffix
 from quickdraft.errors import QuickdraftError
 from quickdraft.spec_options import ALL, count, int_or_all, number_at_least, parse_options, positive, take_options
 

@@ -21,11 +21,11 @@ from quickdraft.decoding import round as tree_decoding  # the one round loop ver
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import make_drafter
 from quickdraft.drafters.base import DraftRequest
-from quickdraft.drafters.datastore import load_datastore, save_datastore
+from quickdraft.drafters.model_free.datastore import load_datastore, save_datastore
+from quickdraft.drafters.model_free.suffix import RecentOutputs, SuffixConfig, SuffixDrafter, parse_suffix
+from quickdraft.drafters.model_free.suffix_index import SEP, SORTED_DEPTH, SuffixIndex, concat_documents
+from quickdraft.drafters.model_free.suffix_trie import merge_scores, paths_to_tree, scan_matches, trie_scores
 from quickdraft.drafters.spec import parse_drafter_spec
-from quickdraft.drafters.suffix import RecentOutputs, SuffixConfig, SuffixDrafter, parse_suffix
-from quickdraft.drafters.suffix_index import SEP, SORTED_DEPTH, SuffixIndex, concat_documents
-from quickdraft.drafters.suffix_trie import merge_scores, paths_to_tree, scan_matches, trie_scores
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import options_from
@@ -335,7 +335,7 @@ def test_suffix_none_and_a_built_datastore_through_make_drafter(target, tmp_path
 
 
 def test_the_server_turns_the_cross_request_cache_on():
-    from quickdraft.drafters.suffix import with_suffix_cache
+    from quickdraft.drafters.model_free.suffix import with_suffix_cache
     from quickdraft.server import SERVER_SUFFIX_CACHE, ServeConfig, engine_loader
 
     def cached(text: str, tokens: int) -> str:
@@ -354,7 +354,7 @@ def test_the_qwen_targets_own_output_datastore_ships_and_loads(tmp_path, monkeyp
     with nothing shipped gets None (the request's own text only)."""
     from types import SimpleNamespace
 
-    from quickdraft.drafters.datastore import META_FILE, shipped_datastore
+    from quickdraft.drafters.model_free.datastore import META_FILE, shipped_datastore
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))  # the index is built in a fresh cache
     folder = shipped_datastore(SimpleNamespace(name="Qwen2.5-Coder-1.5B-Instruct"))

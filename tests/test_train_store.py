@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from quickdraft.cli import main
-from quickdraft.drafters.feature_head import FeatureHeadDrafter
-from quickdraft.drafters.reuse import HeadLM
+from quickdraft.drafters.from_target.feature_head import FeatureHeadDrafter
+from quickdraft.drafters.from_target.reuse import HeadLM
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.forward.native import NativeLlama

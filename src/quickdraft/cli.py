@@ -174,7 +174,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from quickdraft.drafters.datastore import SHIPPED_DATASTORES, load_datastore
+    from quickdraft.drafters.model_free.datastore import SHIPPED_DATASTORES, load_datastore
     from quickdraft.runtime import kernels
     from quickdraft.weights.default import NAMED_TARGETS, converted_target
 

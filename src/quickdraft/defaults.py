@@ -24,7 +24,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from quickdraft.costs import cost_curve as curves
-from quickdraft.drafters.suffix import TREE_GAIN, with_suffix_cache
+from quickdraft.drafters.model_free.suffix import TREE_GAIN, with_suffix_cache
 from quickdraft.runtime import formats, kernels
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights

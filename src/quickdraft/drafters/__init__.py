@@ -12,24 +12,15 @@ Adding a drafter kind: its file (class and `KIND` record) and one entry in `regi
 
 from __future__ import annotations
 
-from quickdraft.drafters import (
-    block,
-    cascade,
-    distilled,
-    feature_head,
-    kangaroo,
-    mag,
-    mixed,
-    model_drafter,
-    ngram,
-    suffix,
-    truncated,
-)
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
+from quickdraft.drafters.combined import cascade, mixed
+from quickdraft.drafters.draft_models import block, distilled, model_drafter
+from quickdraft.drafters.draft_models.model_drafter import ModelDrafter
 from quickdraft.drafters.fallback import FallbackDrafter
+from quickdraft.drafters.from_target import feature_head, kangaroo, truncated
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, register, stage_dtype
-from quickdraft.drafters.model_drafter import ModelDrafter
-from quickdraft.drafters.ngram import PromptLookupDrafter, ngram_drafter, prompt_lookup
+from quickdraft.drafters.model_free import mag, ngram, suffix
+from quickdraft.drafters.model_free.ngram import PromptLookupDrafter, ngram_drafter, prompt_lookup
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.weights.loading import LoadedModel
 

@@ -1,7 +1,7 @@
 """One record per drafter kind: everything the surfaces need to know about a kind, in one place.
 
 Each kind's record (`KIND = DrafterKind(...)`) lives in the file that implements it
-(`drafters/ngram.py`, `drafters/feature_head.py`, ...). `drafters/__init__.py` registers them all
+(`drafters/model_free/ngram.py`, `drafters/from_target/feature_head.py`, ...). `drafters/__init__.py` registers them all
 into `KINDS` once, and every surface reads them from there: the spec parser (syntax, argument check,
 whether `@DTYPE` applies), the builder registry, the method registry (PEARL refuses kinds that read
 the target), `train-draft` (trainable modules), `export` (the vLLM mapping), the bench (which kinds

@@ -84,8 +84,8 @@ def _documents(data: Path, tail: int) -> tuple[list[Path], Iterator[list[int]]]:
 def cmd_build_datastore(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from quickdraft.drafters.datastore import load_datastore, save_datastore
-    from quickdraft.drafters.suffix_index import concat_documents
+    from quickdraft.drafters.model_free.datastore import load_datastore, save_datastore
+    from quickdraft.drafters.model_free.suffix_index import concat_documents
     from quickdraft.weights.loading import load_model
 
     if args.prompt_tail < 0:

@@ -8,8 +8,8 @@ import copy
 import gc
 
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
+from quickdraft.drafters.from_target.reuse import HeadLM
 from quickdraft.drafters.kinds import KINDS
-from quickdraft.drafters.reuse import HeadLM
 from quickdraft.host import release_free_memory
 from quickdraft.models.draft_heads import for_inference
 

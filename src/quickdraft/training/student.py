@@ -128,7 +128,7 @@ def draft_head_ids(responses: Iterable[Sequence[int]], eos_ids: Iterable[int], k
     """A distilled draft's K head ids: the most frequent response tokens, EOS ids first, then (where the
     data saw fewer ids and a ranking ships for the target, `;vocab=K`'s) the target's next most frequent:
     (K,). 1,296 of the Qwen 1.5B's answers hold 11,108 distinct ids."""
-    from quickdraft.drafters.vocab import VOCAB_FOR, ranked_ids
+    from quickdraft.drafters.draft_models.vocab import VOCAB_FOR, ranked_ids
 
     ids = rank_tokens(responses, sorted(eos_ids))[:k]
     if len(ids) < k and target_name in VOCAB_FOR:

@@ -94,7 +94,7 @@ def add_train_draft_parser(sub) -> None:
 
 def cmd_build_bigram(args: argparse.Namespace) -> int:
     """Most frequent successor of every token over the corpus's prompts and responses (train split)."""
-    from quickdraft.drafters.mag import build_bigram, save_bigram
+    from quickdraft.drafters.model_free.mag import build_bigram, save_bigram
     from quickdraft.weights.loading import load_model
 
     target = load_model(args.target, "bfloat16")

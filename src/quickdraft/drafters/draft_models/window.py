@@ -8,7 +8,7 @@ first SINK tokens (the chat template's opening, which attention leans on, as Str
 sinks) and its last N - SINK, then everything generated; positions are its own, contiguous (RoPE
 reads only their differences).
 
-A fitted window (a draft's fast form, `drafters/fast_form.py`, where `;window=` is not given) reads
+A fitted window (a draft's fast form, `drafters/draft_models/fast_form.py`, where `;window=` is not given) reads
 fewer prompt tokens for a short generation: at most as many as the generation may add, and at least
 FIT_MIN. The draft's prefill is paid before its first draft and only the drafted tokens repay it: on
 the Qwen pair a 256-token window cost about 9 target steps, what speculation saves in about 64 tokens

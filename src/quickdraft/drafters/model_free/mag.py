@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, shipped_asset
-from quickdraft.drafters.ngram import prompt_lookup
+from quickdraft.drafters.model_free.ngram import prompt_lookup
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.drafters.draft_models.model_drafter import ModelDrafter, model_drafter, own_dtype
+from quickdraft.drafters.draft_models.vocab import restricted_head, split_vocab
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.model_drafter import ModelDrafter, model_drafter, own_dtype
 from quickdraft.drafters.spec import int_arg
-from quickdraft.drafters.vocab import restricted_head, split_vocab
 from quickdraft.errors import QuickdraftError
 from quickdraft.weights.loading import LoadedModel, load_model, truncated_copy
 

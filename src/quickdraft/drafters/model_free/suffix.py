@@ -3,7 +3,7 @@
 Each round the drafter finds the longest suffix of the context (up to `max_match` tokens) in three
 sources and reads what followed its occurrences:
   (a) the request's own prompt and output so far (the most recent `max_rows` occurrences);
-  (b) a global datastore of the target's own generations (`drafters/suffix_index.py`; shipped for
+  (b) a global datastore of the target's own generations (`drafters/model_free/suffix_index.py`; shipped for
       the default target, built for any target by `quickdraft build-datastore`);
   (c) optionally, a bounded cache of earlier requests' outputs (`cache=N` tokens; the server turns
       it on, the CLI and the bench leave it off unless the spec asks).
@@ -33,10 +33,10 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path
-from quickdraft.drafters.datastore import load_datastore, shipped_datastore
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.suffix_index import SEP, SuffixIndex
-from quickdraft.drafters.suffix_trie import (
+from quickdraft.drafters.model_free.datastore import load_datastore, shipped_datastore
+from quickdraft.drafters.model_free.suffix_index import SEP, SuffixIndex
+from quickdraft.drafters.model_free.suffix_trie import (
     greedy_chain,
     merge_scores,
     paths_to_tree,

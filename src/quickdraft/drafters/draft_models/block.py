@@ -17,9 +17,9 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import DraftRequest, draft_path, draft_token
-from quickdraft.drafters.feature_head import FeatureRows
+from quickdraft.drafters.from_target.feature_head import FeatureRows
+from quickdraft.drafters.from_target.reuse import HeadLM, reusing_builder
 from quickdraft.drafters.kinds import DrafterKind
-from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import BlockDrafter
 from quickdraft.verifiers.tree import TokenTree
 

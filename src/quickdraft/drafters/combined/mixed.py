@@ -24,9 +24,9 @@ import torch
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import ComposedReads, DraftRequest, draft_path
 from quickdraft.drafters.kinds import KINDS, DrafterKind, DrafterSpec, stage_dtype
+from quickdraft.drafters.model_free.suffix import CHAIN_TREE_FACTOR, SuffixDrafter, build_suffix
+from quickdraft.drafters.model_free.suffix_trie import greedy_chain, merge_scores, paths_to_tree
 from quickdraft.drafters.spec import parse_stage
-from quickdraft.drafters.suffix import CHAIN_TREE_FACTOR, SuffixDrafter, build_suffix
-from quickdraft.drafters.suffix_trie import greedy_chain, merge_scores, paths_to_tree
 from quickdraft.errors import QuickdraftError
 from quickdraft.verifiers.tree import TokenTree
 

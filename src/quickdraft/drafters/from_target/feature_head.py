@@ -20,8 +20,8 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import FEATURES, Drafter, DraftRequest, draft_path, draft_token
+from quickdraft.drafters.from_target.reuse import HeadLM, reusing_builder
 from quickdraft.drafters.kinds import DrafterKind
-from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.drafters.tree import grow_tree
 from quickdraft.models.draft_heads import FeatureHead, block_cache
 from quickdraft.verifiers.tree import TokenTree

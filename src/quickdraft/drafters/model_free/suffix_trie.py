@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from quickdraft.drafters.suffix_index import SEP
+from quickdraft.drafters.model_free.suffix_index import SEP
 from quickdraft.verifiers.tree import TokenTree
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from quickdraft.drafters.datastore import SHIPPED_DATASTORES, TOKENS_FILE, _decode
-from quickdraft.drafters.suffix_index import SEP
+from quickdraft.drafters.model_free.datastore import SHIPPED_DATASTORES, TOKENS_FILE, _decode
+from quickdraft.drafters.model_free.suffix_index import SEP
 from quickdraft.errors import QuickdraftError
 
 SOURCE = SHIPPED_DATASTORES / "smollm2-135m-instruct"

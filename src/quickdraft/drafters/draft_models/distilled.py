@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.drafters.draft_models.model_drafter import PMIN, ModelDrafter, native_drafter, own_dtype
+from quickdraft.drafters.draft_models.vocab import split_options
+from quickdraft.drafters.draft_models.window import parse_window
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
-from quickdraft.drafters.model_drafter import PMIN, ModelDrafter, native_drafter, own_dtype
-from quickdraft.drafters.vocab import split_options
-from quickdraft.drafters.window import parse_window
 from quickdraft.weights.delta import delta_base, load_delta, shipped_delta_dir
 from quickdraft.weights.loading import LoadedModel
 

@@ -21,8 +21,8 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
+from quickdraft.drafters.from_target.reuse import HeadLM, reusing_builder
 from quickdraft.drafters.kinds import DrafterKind
-from quickdraft.drafters.reuse import HeadLM, reusing_builder
 from quickdraft.models.draft_heads import KangarooAdapter, block_cache
 from quickdraft.verifiers.tree import TokenTree
 

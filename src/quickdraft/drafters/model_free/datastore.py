@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from quickdraft.drafters.kinds import ASSETS, shipped_asset
-from quickdraft.drafters.suffix_index import SEP, SuffixIndex, reversed_suffix_array
+from quickdraft.drafters.model_free.suffix_index import SEP, SuffixIndex, reversed_suffix_array
 from quickdraft.errors import QuickdraftError
 
 TOKENS_FILE = "tokens.npy.xz"

@@ -4,10 +4,10 @@ open, for any draft (a GGUF file, a Hugging Face folder, a named one):
     quant   w4a8-all: every linear, the LM head included, in 4-bit blocks times int8 activations, the
             cheapest draft step (lossy for the draft only: the output stays the target's)
     vocab   the head keeps the VOCAB most frequent ids of the target's tokenizer (ranked once by content
-            on shipped text, drafters/ranking.py), where the vocabulary is over twice that: on the Qwen
+            on shipped text, drafters/draft_models/ranking.py), where the vocabulary is over twice that: on the Qwen
             pair the 151,936-row head was most of the 0.5B's step
     window  the draft reads a long prompt's first 4 and last WINDOW - 4 tokens, fewer for a generation
-            of fewer than WINDOW new tokens: as many as it may add, at least 64 (drafters/window.py)
+            of fewer than WINDOW new tokens: as many as it may add, at least 64 (drafters/draft_models/window.py)
 
 A draft too small for the kernels to pay (under MIN_PARAMS parameters, e.g. the tests' tiny models),
 in float64, on `--runtime hf`, on a GPU or where the fused kernels could not be built keeps its own

@@ -63,7 +63,7 @@ def ranked_ids(target_name: str | None, value: str) -> torch.Tensor | None:
     if value.isdigit():
         key = VOCAB_FOR.get(target_name or "")
         if key is None or not (ASSETS / key / RANKED).is_file():
-            return None  # none ships: ranked by content (drafters/ranking.py)
+            return None  # none ships: ranked by content (drafters/draft_models/ranking.py)
         path = ASSETS / key / RANKED
     else:
         path = Path(value).expanduser()
@@ -80,7 +80,7 @@ def restricted_head(target, value: str | None) -> torch.Tensor | None:
         return None
     ranked = ranked_ids(target.name, value)
     if ranked is None:  # no ranking ships for this target: its tokenizer's, made from shipped text
-        from quickdraft.drafters.ranking import ranked_for
+        from quickdraft.drafters.draft_models.ranking import ranked_for
 
         ranked = ranked_for(target.tokenizer)
     if int(ranked.max()) >= target.vocab_size:

@@ -1,8 +1,8 @@
 """Drafting with a model that owns its own cache, and the kinds built on it: an independent draft model
 (`model:PATH|NAME[;quant=MODE][;vocab=K][;window=N]`, any causal LM sharing the target's vocabulary: a folder,
-a GGUF file or a named model such as `qwen2.5-coder-0.5b`, in its fast form by default: drafters/fast_form.py), and the
+a GGUF file or a named model such as `qwen2.5-coder-0.5b`, in its fast form by default: `fast_form.py`), and the
 target's own weights quantized (`quant[:w4a8|int4[:G]|int8|w8a8|gguf]`);
-a DistillSpec delta (`distilled[:PATH]`) is in `drafters/distilled.py`.
+a DistillSpec delta (`distilled[:PATH]`) is in `drafters/draft_models/distilled.py`.
 
 Drafting calls the model's forward directly through a CachedModel, one token per step with the LM
 head on the last position only; `transformers.generate()` is avoided because its per-call set-up
@@ -19,11 +19,11 @@ import torch
 
 from quickdraft.config import SamplingConfig
 from quickdraft.drafters.base import Drafter, DraftRequest, draft_path, draft_token
-from quickdraft.drafters.fast_form import DraftForm, fast_form, resolve
+from quickdraft.drafters.draft_models.fast_form import DraftForm, fast_form, resolve
+from quickdraft.drafters.draft_models.vocab import ALL, restricted_head, split_options, split_vocab
+from quickdraft.drafters.draft_models.window import ContextWindow, parse_window, readable
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec
 from quickdraft.drafters.tree import model_tree
-from quickdraft.drafters.vocab import ALL, restricted_head, split_options, split_vocab
-from quickdraft.drafters.window import ContextWindow, parse_window, readable
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.cached_model import CachedModel
@@ -35,7 +35,7 @@ from quickdraft.weights.loading import LoadedModel, check_vocab, draft_head, emb
 def parse_quant(arg: str | None):
     """`quant[:MODE[;vocab=K]]` -> (QuantSpec, K or None): the target's own weights quantized (MODE as
     `--quantize`, default w4a8: the cheapest step measured, docs/bench/draft-costs), its head restricted
-    to K ids (drafters/vocab.py)."""
+    to K ids (drafters/draft_models/vocab.py)."""
     from quickdraft.weights.quant import parse_quantize
 
     mode, vocab = split_vocab("quant", arg)
@@ -171,13 +171,13 @@ def own_dtype(dtype: str, target: LoadedModel) -> torch.dtype:
 MODEL_OPTIONS = ("quant", "vocab", "window")
 
 
-UNSET = "unset"  # an option left open: the fast form decides (drafters/fast_form.py)
+UNSET = "unset"  # an option left open: the fast form decides (drafters/draft_models/fast_form.py)
 
 
 def parse_model(arg: str | None) -> tuple[str, DraftForm]:
     """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH|all][;window=N|all]` -> (path or name, the options
     given, each UNSET where left open: the draft's fast form fills those when it loads). MODE is
-    `--quantize`'s (none, w4a8, w4a8-all, ...); N: the prompt tokens the draft reads (drafters/window.py)."""
+    `--quantize`'s (none, w4a8, w4a8-all, ...); N: the prompt tokens the draft reads (`window.py`)."""
     from quickdraft.weights.quant import parse_quantize
 
     path, options = split_options("model", arg, MODEL_OPTIONS)
