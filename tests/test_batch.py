@@ -352,19 +352,25 @@ def test_a_lone_greedy_plain_row_feeds_its_steps_on_the_device(model, case):
 
 def test_a_shared_prompt_prefix_is_prefilled_once(model):
     """A prompt that begins like the previous one (a chat template's system prompt) keeps that
-    prefix in the prefill cache: fewer prompt tokens run, the same outputs."""
+    prefix in the prefill cache, and a prompt that begins like a finished row's sequence keeps its
+    rows from the prefix store: fewer prompt tokens run, the same outputs. Control: without the store,
+    the repeated prompt runs all it does not share with the one before it."""
     system = list(range(3, 23))
     prompts = [system + [30, 31, 32], system + [40, 41], system[:5] + [44], system + [30, 31, 32]]
-    target = BatchedTarget(NativeCachedModel(model), 2)
-    ran = []
-    prefill = target.prefill
-    target.prefill = lambda tokens, first=False: ran.append(len(tokens)) or prefill(tokens, first)
-    dec = BatchDecoder(target, SuffixDrafter(None), BatchPlan(None, fixed=3), prefill_chunk=8)
-    got = run_batch(dec, [(p, GREEDY, StopConfig(10)) for p in prompts])
-    assert [c.tokens for c in got] == [_alone(model, p, 10) for p in prompts]
-    # the first prompt in chunks of 8 (a step never prefills more, idle or not), then what each prompt
-    # does not share with the one before it
-    assert sum(ran) == 23 + 2 + 1 + 18 and ran[:3] == [8, 8, 7] and max(ran) == 8
+    for store, last in ((1 << 24, 1), (0, 18)):
+        target = BatchedTarget(NativeCachedModel(model), 2, store)
+        ran = []
+        prefill = target.prefill
+        target.prefill = lambda tokens, first=False, prefill=prefill, ran=ran: (
+            ran.append(len(tokens)) or prefill(tokens, first)
+        )
+        dec = BatchDecoder(target, SuffixDrafter(None), BatchPlan(None, fixed=3), prefill_chunk=8)
+        got = run_batch(dec, [(p, GREEDY, StopConfig(10)) for p in prompts])
+        assert [c.tokens for c in got] == [_alone(model, p, 10) for p in prompts]
+        # the first prompt in chunks of 8 (a step never prefills more, idle or not), then what each prompt
+        # does not share with the one before it, or (the last, the first again) with the first's kept rows
+        assert sum(ran) == 23 + 2 + 1 + last and ran[:3] == [8, 8, 7] and max(ran) == 8
+        assert got[3].stats.cached_prompt_tokens == len(prompts[3]) - last
 
 
 def test_caches_grow_by_doubling_and_keep_their_contents():

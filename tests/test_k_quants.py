@@ -103,6 +103,9 @@ def test_a_q4_k_m_files_k_quants_load_as_stored_under_w4a8_and_re_rounded_otherw
     tensors = [("down", "ffn_down", Tensor("Q6_K", raw)), ("up", "ffn_up", Tensor("Q4_K", raw4))]
     monkeypatch.setattr(gguf_linears, "linear_tensors", lambda path, config: tensors)
     monkeypatch.setattr(gguf_linears, "permuted_heads", lambda config: {})
+    monkeypatch.setattr(
+        gguf_linears, "open_gguf", lambda path: type("NoPages", (), {"release": lambda _, data: None})()
+    )
     fast, types = gguf_linears.gguf_linears(Path("x.gguf"), None, q8="w8a8", q4="w4a8")
     assert types == {"Q6_K": 1, "Q4_K": 1} and isinstance(fast["down"], W6A8Linear)
     assert torch.equal(fast["down"].dequantized(), q6_k_values(raw))

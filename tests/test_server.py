@@ -179,6 +179,8 @@ def test_stream_equals_non_stream_and_ends_with_usage(client, kind):
     spec = usage["metrics"]["speculative_decoding"]
     assert spec["num_accepted_tokens"] > 0 and len(content) > spec["num_target_forwards"]
     assert finish["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+    cached = usage["usage"].pop("prompt_tokens_details")["cached_tokens"]  # the same prompt again: kept
+    assert 0 <= cached < full["usage"].pop("prompt_tokens_details")["cached_tokens"] + usage["usage"]["prompt_tokens"]
     assert usage["choices"] == [] and usage["usage"] == full["usage"]
     assert usage["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
 
