@@ -91,7 +91,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
     for (int c = 0; c < D16; ++c) _mm512_storeu_ps(&qs[i * d + 16 * c], _mm512_mul_ps(load16f(Qp + (t * heads + h) * d + 16 * c), sc));
   }
   for (int64_t b0 = 0; b0 < longest; b0 += kKeyBlock) {  // scores of 16 keys at a time (a short block: zeros)
-    const float* kf = block_as_float<d>(Kg, b0, std::min(b0 + kKeyBlock, longest), block) - b0 * d;
+    const float* kf = block_as_float<d>(Kg, b0, std::min(b0 + kKeyBlock, longest), block);  // key b0 first
     for (int64_t i = 0; i < n; ++i) {
       const int64_t length = lengths[(r0 + i) / group], b1 = std::min(b0 + kKeyBlock, length);
       __m512 q[D16];
@@ -104,7 +104,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
             part[jj] = _mm512_setzero_ps();
             continue;
           }
-          const float* kr = kf + j * d;
+          const float* kr = kf + (j - b0) * d;
           __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
           for (int c = 1; c < D16; ++c) a = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), a);
           part[jj] = a;
@@ -129,7 +129,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
     }
   }
   for (int64_t b0 = 0; b0 < longest; b0 += kKeyBlock) {  // values summed in key order, one key at a time
-    const float* vf = block_as_float<d>(Vg, b0, std::min(b0 + kKeyBlock, longest), block) - b0 * d;
+    const float* vf = block_as_float<d>(Vg, b0, std::min(b0 + kKeyBlock, longest), block);  // value b0 first
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b1 = std::min(b0 + kKeyBlock, lengths[(r0 + i) / group]);
       if (b0 >= b1) continue;
@@ -140,7 +140,7 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
       for (int64_t j = b0; j < b1; ++j) {
         sum += pr[j];
         const __m512 e = _mm512_set1_ps(pr[j]);
-        const float* vr = vf + j * d;
+        const float* vr = vf + (j - b0) * d;
         for (int c = 0; c < D16; ++c) a[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * c), a[c]);
       }
       total[i] = sum;
