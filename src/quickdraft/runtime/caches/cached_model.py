@@ -24,6 +24,14 @@ from quickdraft.runtime.caches.kv_cache import cache_length, crop, new_cache
 from quickdraft.types import TargetOutput
 
 
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    return next(i for i in range(n) if a[i] != b[i])  # rare: the slow scan
+
+
 def check_head_ids(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(K,) int64 head ids, or a clear error unless they are non-empty ids below vocab_size."""
     ids = head_ids.to(torch.long)
@@ -63,9 +71,7 @@ class TokenCacheVerbs:
         """How many leading cached ids equal `context`'s, at most all but its last (the last token is
         always run again: its row is the one a sync returns)."""
         limit = min(self.length, len(context) - 1)
-        if self.tokens[:limit] == list(context[:limit]):
-            return limit
-        return next(i for i in range(limit) if self.tokens[i] != context[i])  # rare: the slow scan
+        return shared_length(self.tokens[:limit], context[:limit])
 
     def sync(self, context: Sequence[int], last_only: bool = True) -> torch.Tensor:
         """Make the cache hold `context` and return the logits of its last position.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.host import available_memory
+from quickdraft.runtime.caches.cached_model import shared_length
 
 RAM_CEILING = 8 << 30  # the store's default bound: llama.cpp's server's `--cache-ram` default
 MIN_SHARED = 16  # tokens an entry must share with a prompt to be loaded (less: a chat template's opening)
@@ -43,15 +44,6 @@ class Entry:
         return 2 * self.k.numel() * self.k.element_size()
 
 
-def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids `a` and `b` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class PrefixStore:
     """Finished sequences' cache rows by their ids, oldest dropped first past `budget` bytes."""
 
@@ -63,9 +55,9 @@ class PrefixStore:
 
     def put(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep `tokens` with their (layers, kv, n, d) rows (copied); an entry it extends is replaced."""
-        entry = Entry(list(tokens), k.clone(), v.clone())
-        if entry.nbytes > self.budget or not tokens:
+        if not tokens or 2 * k.numel() * k.element_size() > self.budget:  # checked before anything is copied
             return
+        entry = Entry(list(tokens), k.clone(), v.clone())
         for key in [key for key in self.entries if shared_length(key, tokens) == len(key)]:
             self._drop(key)  # a prefix of the new entry: the new one holds it
         self.entries[tuple(tokens)] = entry
