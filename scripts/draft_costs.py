@@ -44,8 +44,8 @@ def draft_bytes(drafter, loaded) -> int | None:
     Kangaroo, the target's first l layers it runs; a quantized self-draft: its kernel-form linears and
     norms."""
     if drafter.name.startswith("quant"):  # the target's own weights in kernel form, plus its norms
-        from quickdraft.runtime.formats.quantized import quantize_model
-        from quickdraft.weights.quant import parse_quantize
+        from quickdraft.runtime.quant.modes import parse_quantize
+        from quickdraft.runtime.quant.quantized import quantize_model
 
         mode = drafter.name.split(":", 1)[1] if ":" in drafter.name else "w4a8"
         quantized = quantize_model(loaded, parse_quantize(mode.split("@")[0]))

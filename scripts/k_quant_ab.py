@@ -15,13 +15,13 @@ import time
 
 import torch
 
-import quickdraft.runtime.formats.gguf_linears as gguf_linears
+import quickdraft.runtime.quant.gguf_linears as gguf_linears
 from quickdraft.host import machine_info
-from quickdraft.runtime.kernels.w4a8 import W4A8Linear
-from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+from quickdraft.runtime.quant.modes import parse_quantize
+from quickdraft.runtime.quant.w4a8 import W4A8Linear
+from quickdraft.runtime.quant.w8a8 import w8a8_linear
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
-from quickdraft.weights.quant import parse_quantize
 
 
 def replaced_form(form: tuple, q8: str, q4: str):

@@ -17,8 +17,8 @@ import torch
 
 from quickdraft.host import machine_info, median_seconds
 from quickdraft.runtime import kernels
-from quickdraft.runtime.kernels.w4a8 import w4a8_linear
-from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+from quickdraft.runtime.quant.w4a8 import w4a8_linear
+from quickdraft.runtime.quant.w8a8 import w8a8_linear
 
 SHAPES = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30), "down": (576, 1536, 30)}
 HEAD = (49152, 576, 1)

@@ -26,9 +26,9 @@ from quickdraft.bench.peers.llama_cpp_peer import WORKER
 from quickdraft.host import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
-from quickdraft.runtime.formats.quantized import quantize_model
+from quickdraft.runtime.quant.modes import parse_quantize
+from quickdraft.runtime.quant.quantized import quantize_model
 from quickdraft.weights.loading import load_model
-from quickdraft.weights.quant import parse_quantize
 
 
 def ours(owner: NativeCachedModel, seq: list[int], start: int) -> list[int]:

@@ -31,9 +31,9 @@ from quickdraft.bench.datasets import load_prompts
 from quickdraft.host import machine_info
 from quickdraft.prompts import PromptCodec
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
-from quickdraft.runtime.formats.quantized import quantize_model
+from quickdraft.runtime.quant.modes import parse_quantize
+from quickdraft.runtime.quant.quantized import quantize_model
 from quickdraft.weights.loading import load_model
-from quickdraft.weights.quant import parse_quantize
 
 FORMS = ("none", "int8", "w8a8", "w4a8", "int4", "gguf")
 ROWS = (1, 5, 9, 17)

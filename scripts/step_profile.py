@@ -17,9 +17,9 @@ import torch
 from quickdraft.host import machine_info, median_seconds
 from quickdraft.runtime import kernels
 from quickdraft.runtime.kernels.linear import packing
+from quickdraft.runtime.quant.modes import parse_quantize
 from quickdraft.runtime.target import load_target
 from quickdraft.weights.loading import load_model
-from quickdraft.weights.quant import parse_quantize
 
 ROWS = (1, 2, 3, 5, 9, 17, 33)
 

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+from quickdraft.runtime.quant.w4a8 import W4A8Linear
 
 SHAPES = [(8960 * 2, 1536), (1536, 8960), (2048, 1536), (1536, 1536)]
 ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16]

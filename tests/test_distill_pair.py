@@ -142,9 +142,9 @@ def test_quantizing_a_distilled_gguf_born_draft_reads_its_trained_tensors(monkey
     the rest from the file (never the stale blocks), and `gguf` (blocks as stored) is refused."""
     import dataclasses
 
-    from quickdraft.runtime.formats import float_source, quantized
+    from quickdraft.runtime.quant import float_source, quantized
+    from quickdraft.runtime.quant.modes import QuantSpec
     from quickdraft.weights.loading import load_model
-    from quickdraft.weights.quant import QuantSpec
 
     loaded = load_model(tiny_model_dir, "float32")
     loaded.model.to(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Weight formats run as stored (`runtime/formats`): every registered GGUF type's weights are exactly
+"""Weight formats run as stored (`runtime/quant/formats`): every registered GGUF type's weights are exactly
 `gguf.quants.dequantize`'s, on random blocks and (slow) on files llama.cpp made from the pair's GGUF; the
 kernels they run on give each row the same bits alone as beside others; the min kernel is the integer
 arithmetic it claims; a type without a format is refused in one line."""
@@ -14,7 +14,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import formats, kernels
+from quickdraft.runtime import kernels
+from quickdraft.runtime.quant import formats
 
 pytestmark = pytest.mark.skipif(kernels.fused_ops() is None, reason="needs the fused CPU kernels")
 
@@ -102,7 +103,7 @@ def test_a_type_without_a_format_is_refused_in_one_line(tmp_path):
     from gguf import GGUFWriter
     from transformers import LlamaConfig
 
-    from quickdraft.runtime.formats.gguf_linears import gguf_linears
+    from quickdraft.runtime.quant.gguf_linears import gguf_linears
 
     path = tmp_path / "odd.gguf"
     writer = GGUFWriter(str(path), "llama")

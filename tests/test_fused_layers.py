@@ -8,9 +8,9 @@ import torch
 
 from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
-from quickdraft.runtime.formats.quantized import quantize_model
 from quickdraft.runtime.kernels.fused_layers import LayerKernels, kernel_form
-from quickdraft.weights.quant import parse_quantize
+from quickdraft.runtime.quant.modes import parse_quantize
+from quickdraft.runtime.quant.quantized import quantize_model
 
 from conftest import tiny_llama, tiny_qwen2
 
@@ -81,8 +81,8 @@ def test_linears_the_call_cannot_take_stay_in_python(monkeypatch):
 def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
     """A Q4_K_M file's v is Q6_K (w8a8) beside Q4_K q and k (w4a8): the three cannot be one linear, and
     the call runs them side by side, the same bits as the Python path's concatenation."""
-    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
-    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+    from quickdraft.runtime.quant.w4a8 import w4a8_linear
+    from quickdraft.runtime.quant.w8a8 import w8a8_linear
 
     target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=64)
     params = dict(target.model.named_parameters())
@@ -107,8 +107,8 @@ def test_q_k_v_of_different_kinds_run_in_the_call_as_three_linears(monkeypatch):
 def test_k_quants_run_in_the_call_as_stored(monkeypatch):
     """A Q4_K_M file's layers as they load under w4a8: Q4_K q, k, o, gate|up (q4k) beside Q6_K v and
     down (w6a8), random blocks on a width of 256; the call runs kinds 4 and 3, the same bits as Python's."""
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
-    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+    from quickdraft.runtime.quant.q4k import Q4KLinear
+    from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
     target = tiny_qwen2(dtype=torch.bfloat16, layers=3, hidden=256)
     gen = torch.Generator().manual_seed(0)

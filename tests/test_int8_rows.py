@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 
 def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
-"""A GGUF's K-quant blocks run as stored: Q6_K (`runtime/kernels/w6a8.py`, `kernels/w6a8.h`) and Q4_K
-(`runtime/kernels/q4k.py`, `kernels/q4k.h`). The decodes against the `gguf` package's own dequantizer,
+"""A GGUF's K-quant blocks run as stored: Q6_K (`runtime/quant/w6a8.py`, `kernels/w6a8.h`) and Q4_K
+(`runtime/quant/q4k.py`, `kernels/q4k.h`). The decodes against the `gguf` package's own dequantizer,
 each kernel against its weights times int8 rows at every instruction-set level this host runs, batch
 invariance, and a Q4_K_M file's loader choosing them."""
 
@@ -15,8 +15,9 @@ from test_pair import _q4_k_raw
 
 from quickdraft import QuickdraftError
 from quickdraft.runtime import kernels
-from quickdraft.runtime.formats import float_source
-from quickdraft.weights.gguf_weights import q4_k_parts, q6_k_blocks, q6_k_values, q6_k_weights
+from quickdraft.runtime.quant import float_source
+from quickdraft.runtime.quant.formats.q4_k import q4_k_parts
+from quickdraft.runtime.quant.formats.q6_k import q6_k_blocks, q6_k_values, q6_k_weights
 
 from conftest import int8_rows
 
@@ -48,7 +49,7 @@ def test_q6_k_blocks_decode_exactly_what_gguf_dequantizes():
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 9, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w6a8_linear_is_its_q6_k_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+    from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
     raw = random_q6_k(37, 2, seed=rows)  # 37 outputs: a padded last group of 16
     lin = W6A8Linear(*q6_k_blocks(raw))
@@ -72,7 +73,7 @@ def test_w6a8_linear_is_its_q6_k_weights_times_int8_rows(rows, dtype, ops):
 
 @needs_ops
 def test_w6a8_refuses_what_it_cannot_run(ops):
-    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+    from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
     with pytest.raises(QuickdraftError, match="multiple of 256"):
         W6A8Linear(torch.zeros(4, 100, dtype=torch.uint8), torch.zeros(4, 7, dtype=torch.int8), torch.ones(4, 1))
@@ -89,10 +90,10 @@ def test_w6a8_refuses_what_it_cannot_run(ops):
 def test_a_q4_k_m_files_k_quants_load_as_stored_under_w4a8_and_re_rounded_otherwise(monkeypatch):
     """`gguf_linears` with q8 = "w8a8" and q4 = "w4a8" (what `--quantize w4a8` asks) keeps Q6_K and Q4_K
     as stored; "int8" and "int4" re-round them."""
-    from quickdraft.runtime.formats import gguf_linears
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
-    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
-    from quickdraft.weights.quant import Int4Linear, Int8Linear
+    from quickdraft.runtime.quant import gguf_linears
+    from quickdraft.runtime.quant.q4k import Q4KLinear
+    from quickdraft.runtime.quant.torch_linears import Int4Linear, Int8Linear
+    from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
     class Tensor:
         def __init__(self, kind: str, data: np.ndarray) -> None:
@@ -125,7 +126,7 @@ def q4_k_values(raw: np.ndarray) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_q4k_linear_is_its_q4_k_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
+    from quickdraft.runtime.quant.q4k import Q4KLinear
 
     raw = _q4_k_raw(37, 512, seed=rows)  # 37 outputs: a padded last group of 16
     parts = q4_k_parts(raw)
@@ -141,8 +142,8 @@ def test_q4k_linear_is_its_q4_k_weights_times_int8_rows(rows, dtype, ops):
     assert got.dtype == dtype and got.shape == (rows, 37)
     torch.testing.assert_close(got.float(), want, atol=tol * want.abs().max().item(), rtol=tol)
     if dtype == torch.float32:  # negative control: the fp16-rounded scales of w4a8 miss this tolerance
-        from quickdraft.runtime.kernels.w4a8 import W4A8Linear
-        from quickdraft.weights.gguf_weights import q4_k_blocks
+        from quickdraft.runtime.quant.formats.q4_k import q4_k_blocks
+        from quickdraft.runtime.quant.w4a8 import W4A8Linear
 
         rounded = W4A8Linear(*q4_k_blocks(raw))(x)
         assert not torch.allclose(rounded, want, atol=tol * want.abs().max().item(), rtol=tol)
@@ -153,8 +154,8 @@ def test_q4k_linear_is_its_q4_k_weights_times_int8_rows(rows, dtype, ops):
 
 @needs_ops
 def test_q4k_parts_concatenate_and_bad_input_is_refused(ops):
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
-    from quickdraft.runtime.kernels.rows import concat_rows
+    from quickdraft.runtime.quant.q4k import Q4KLinear
+    from quickdraft.runtime.quant.rows import concat_rows
 
     a, b = Q4KLinear(*q4_k_parts(_q4_k_raw(16, 256, 1))), Q4KLinear(*q4_k_parts(_q4_k_raw(5, 256, 2)))
     both = concat_rows([a, b])
@@ -176,8 +177,8 @@ def test_q4k_parts_concatenate_and_bad_input_is_refused(ops):
 def test_gguf_rows_pack_in_one_pass_to_the_decoded_parts_bytes(ops):
     """`pack_q4k_gguf` / `pack_q6_gguf` of a tensor's rows as stored give the bytes `pack_q4k` / `pack_q6`
     give from the decoded parts (37 outputs: a padded last tile of 16; 3 super-blocks)."""
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
-    from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+    from quickdraft.runtime.quant.q4k import Q4KLinear
+    from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
     raw4, raw6 = _q4_k_raw(37, 768, seed=5), random_q6_k(37, 3, seed=6)
     from_parts = ops.pack_q4k(*(t.contiguous() for t in q4_k_parts(raw4)))
@@ -200,8 +201,8 @@ def test_gguf_rows_pack_in_one_pass_to_the_decoded_parts_bytes(ops):
 @needs_ops
 def test_q4k_linears_of_whole_tiles_concatenate_as_packed(ops):
     """Parts of whole 16-output tiles join by their packed tiles: the bytes a pack of the joined parts gives."""
-    from quickdraft.runtime.kernels.q4k import Q4KLinear
-    from quickdraft.runtime.kernels.rows import concat_rows
+    from quickdraft.runtime.quant.q4k import Q4KLinear
+    from quickdraft.runtime.quant.rows import concat_rows
 
     a, b = (Q4KLinear.from_gguf(torch.from_numpy(_q4_k_raw(n, 512, seed=n))) for n in (32, 16))
     both = concat_rows([a, b])
@@ -215,7 +216,7 @@ def test_the_float_reader_decodes_every_block_type_as_gguf_does(monkeypatch):
     `gguf` package's dequantized values exactly."""
     from gguf import GGMLQuantizationType, quants
 
-    from quickdraft.weights import gguf_weights
+    from quickdraft.runtime.quant import gguf_tensors as gguf_weights
 
     w = np.random.default_rng(3).standard_normal((16, 256)).astype(np.float32)
     raws = {

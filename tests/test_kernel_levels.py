@@ -16,7 +16,8 @@ import pytest
 import torch
 from test_formats import random_rows
 
-from quickdraft.runtime import formats, kernels
+from quickdraft.runtime import kernels
+from quickdraft.runtime.quant import formats
 
 # one GGUF type per int8 tile: w4a8 (Q4_0), w8a8 (Q8_0), w8a8 with mins (Q2_K), w6a8 (Q6_K), Q4_K's own
 TILES = ("Q4_0", "Q8_0", "Q2_K", "Q6_K", "Q4_K")

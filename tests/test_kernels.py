@@ -257,7 +257,7 @@ def test_the_packed_linear_choice_is_kept_per_host(tmp_path, monkeypatch):
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 6, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+    from quickdraft.runtime.quant.w8a8 import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)
@@ -277,8 +277,8 @@ def test_w8a8_linear_is_its_int8_weights_times_int8_rows(rows, dtype, ops):
 def test_int8_rows_quantized_in_parallel_are_each_row_alone(rows, ops):
     """Rows wide enough that their activation blocks are quantized on both threads, and tiles of 5 and 6
     rows that read the weights once: each row's output is the same bits as the row alone."""
-    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
-    from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+    from quickdraft.runtime.quant.w4a8 import w4a8_linear
+    from quickdraft.runtime.quant.w8a8 import w8a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(40, 4100)
@@ -293,7 +293,7 @@ def test_int8_rows_quantized_in_parallel_are_each_row_alone(rows, ops):
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a8_linear_is_its_4bit_weights_times_int8_rows(rows, dtype, ops):
-    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+    from quickdraft.runtime.quant.w4a8 import w4a8_linear
 
     torch.manual_seed(rows)
     w = torch.randn(37, 70)
@@ -466,7 +466,7 @@ def test_the_kernels_run_without_the_gil():
     (sorting a long list) stalls the other thread for about its whole length."""
     import time
 
-    from quickdraft.runtime.kernels.w4a8 import w4a8_linear
+    from quickdraft.runtime.quant.w4a8 import w4a8_linear
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the kernel on one core, the counting loop on the other

@@ -15,9 +15,9 @@ from test_formats import random_rows
 from transformers import LlamaConfig
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.formats.gguf_linears import gguf_linears
-from quickdraft.runtime.formats.quantized import FUSED, fuse_layers
-from quickdraft.runtime.kernels.rows import RowSlice
+from quickdraft.runtime.quant.gguf_linears import gguf_linears
+from quickdraft.runtime.quant.quantized import FUSED, fuse_layers
+from quickdraft.runtime.quant.rows import RowSlice
 from quickdraft.weights.gguf_convert import GGUFFile, has_weights, write_shards
 
 needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="needs the fused CPU kernels")

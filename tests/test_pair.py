@@ -14,11 +14,13 @@ from gguf import GGMLQuantizationType, quants
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
-from quickdraft.runtime.formats.gguf_linears import _kernel_form
+from quickdraft.runtime.quant.formats.q4_0 import q8_codes
+from quickdraft.runtime.quant.formats.q4_k import q4_k_blocks
+from quickdraft.runtime.quant.formats.q6_k import q6_k_blocks, q6_k_values
+from quickdraft.runtime.quant.gguf_linears import _kernel_form
+from quickdraft.runtime.quant.modes import QuantSpec
 from quickdraft.weights.gguf_convert import hf_name, unpermute_rows
-from quickdraft.weights.gguf_weights import q4_k_blocks, q6_k_blocks, q6_k_values, q8_codes
 from quickdraft.weights.part_packages import PartPackages, join_parts
-from quickdraft.weights.quant import QuantSpec
 
 needs_ops = pytest.mark.skipif(kernels.fused_ops() is None, reason="the fused kernels could not be built here")
 

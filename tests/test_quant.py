@@ -22,9 +22,11 @@ from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import EngineConfig, options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
-from quickdraft.runtime.formats.quantized import quantize_model
-from quickdraft.weights.gguf_weights import int4_form, q4_blocks, q8_0_blocks, unpermute_rows
-from quickdraft.weights.quant import int4_linear, int8_linear, parse_quantize
+from quickdraft.runtime.quant.formats.q4_0 import int4_form, q4_blocks, q8_0_blocks
+from quickdraft.runtime.quant.modes import parse_quantize
+from quickdraft.runtime.quant.quantized import quantize_model
+from quickdraft.runtime.quant.torch_linears import int4_linear, int8_linear
+from quickdraft.weights.gguf_convert import unpermute_rows
 
 from conftest import tiny_llama
 from oracles import always_accept
@@ -96,7 +98,7 @@ def test_gguf_q4_blocks_are_the_packages_dequantized_values(kind):
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 def test_gguf_q4_blocks_run_as_w4a8_blocks_exactly(kind):
     from quickdraft.runtime import kernels
-    from quickdraft.runtime.kernels.w4a8 import W4A8Linear
+    from quickdraft.runtime.quant.w4a8 import W4A8Linear
 
     if kernels.fused_ops() is None:
         pytest.skip("no fused kernels")
@@ -375,7 +377,7 @@ def test_a_restricted_head_is_built_for_its_rows_alone(tiny_model_dir, mode):
     restriction is another build, and asking a KeptRows for rows it lacks is an error."""
     import dataclasses
 
-    from quickdraft.runtime.kernels.rows import KeptRows
+    from quickdraft.runtime.quant.rows import KeptRows
     from quickdraft.weights.loading import load_model
 
     whole = load_model(tiny_model_dir, "float32")

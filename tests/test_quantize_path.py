@@ -1,6 +1,8 @@
 """Following `quantize` from the Engine to the linears enters no module twice (issue #68's goal): on
 every call stack under the quantizer, no quickdraft module appears in two separate runs (A -> B -> A),
-for each weight form the embedded default's GGUF can take; with a control that plants such a stack."""
+for each weight form the embedded default's GGUF can take; with a control that plants such a stack.
+The same for a `model:` drafter spec followed from the Engine to its kernels (issue #80's goal: no file
+entered more than twice; measured, none is entered twice)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from quickdraft import Engine, EngineConfig
 from quickdraft.weights.loading import load_model
 
-ROOT = "quickdraft.runtime.formats.quantized"  # every stack through it is on the quantize path
+ROOT = "quickdraft.runtime.quant.quantized"  # every stack through it is on the quantize path
 
 
 def modules_on(frame) -> list[str]:
@@ -25,12 +27,13 @@ def modules_on(frame) -> list[str]:
     return mods[::-1]
 
 
-def reentries(stacks: list[list[str]]) -> set[str]:
-    """The stacks (as text) on the quantize path that enter a module twice."""
-    return {" -> ".join(s) for s in stacks if ROOT in s and len(set(s)) < len(s)}
+def reentries(stacks: list[list[str]], root: str = ROOT) -> set[str]:
+    """The stacks (as text) through `root` that enter a module twice."""
+    return {" -> ".join(s) for s in stacks if root in s and len(set(s)) < len(s)}
 
 
-def quantize_stacks(quantize: str) -> list[list[str]]:
+def engine_stacks(**config) -> list[list[str]]:
+    """Every call's stack of quickdraft modules while an Engine over the embedded default is built."""
     target = load_model(None, "bfloat16")
     stacks: list[list[str]] = []
 
@@ -40,10 +43,14 @@ def quantize_stacks(quantize: str) -> list[list[str]]:
 
     sys.setprofile(profile)
     try:
-        Engine(target, EngineConfig(method="ar", quantize=quantize))
+        Engine(target, EngineConfig(**config))
     finally:
         sys.setprofile(None)
     return stacks
+
+
+def quantize_stacks(quantize: str) -> list[list[str]]:
+    return engine_stacks(method="ar", quantize=quantize)
 
 
 SLOW = pytest.mark.slow  # requantized from floats under the profiler: 7-17 s each
@@ -59,6 +66,18 @@ def test_the_quantize_path_enters_no_module_twice(quantize):
 
 
 def test_a_module_entered_twice_is_found():  # negative control
-    a, b = "quickdraft.runtime.formats.gguf_linears", "quickdraft.runtime.formats"
+    a, b = "quickdraft.runtime.quant.gguf_linears", "quickdraft.runtime.quant.formats"
     stacks = [["quickdraft.engine", ROOT, a, b, a], ["quickdraft.engine", ROOT, a, b]]
     assert reentries(stacks) == {f"quickdraft.engine -> {ROOT} -> {a} -> {b} -> {a}"}
+
+
+MODEL_DRAFTER = "quickdraft.drafters.draft_models.model_drafter"
+
+
+@pytest.mark.parametrize("drafter", ["model", "model;quant=int8", "quant:w4a8"])
+def test_a_model_drafter_spec_enters_no_module_twice(drafter):
+    target = str(load_model(None, "bfloat16").source)
+    spec = drafter.replace("model", f"model:{target}", 1) if drafter.startswith("model") else drafter
+    stacks = engine_stacks(method="sd", drafter=spec)
+    assert any(MODEL_DRAFTER in s and ROOT in s for s in stacks)  # the drafter was built and quantized
+    assert reentries(stacks, MODEL_DRAFTER) == set()

@@ -262,7 +262,7 @@ def test_one_drafting_method_finds_a_second_protocol(tmp_path):  # negative cont
 
 
 # a path a docstring, comment or doc page cites: "runtime/kernels/linear.py", "src/quickdraft/runtime/kernels",
-# "quickdraft.runtime.kernels.w8a8", "scripts/fim_check.py", "docs/bench/serve-pair/", ... (issue #68 item 6)
+# "quickdraft.runtime.quant.w8a8", "scripts/fim_check.py", "docs/bench/serve-pair/", ... (issue #68 item 6)
 _re = __import__("re")
 ROOMS = "bench|costs|decoding|drafters|models|runtime|server|training|verifiers|weights|formats|kernels|caches|forward"
 _CITED = _re.compile(rf"(?<![\w/.\-])((?:{ROOMS})/[\w/]*\w(?:\.(?:py|cpp|h))?)(?![\w(\-])")
@@ -358,13 +358,13 @@ def test_a_cited_path_that_moved_is_found(tmp_path):  # negative control
     assert not (SRC / "models/linear.py").exists()
     page = tmp_path / "page.md"
     page.write_text(
-        "runtime/formats, runtime/gone, quickdraft.runtime.kernels.w8a8.W8A8Linear, quickdraft.runtime.nope, "
-        "quickdraft.runtime.kernels.w8a8.Nope, scripts/nope.py, quickdraft.generate, docs/bench/NAME/x.md"
+        "runtime/quant/formats, runtime/gone, quickdraft.runtime.quant.w8a8.W8A8Linear, quickdraft.runtime.nope, "
+        "quickdraft.runtime.quant.w8a8.Nope, scripts/nope.py, quickdraft.generate, docs/bench/NAME/x.md"
     )
     assert missing_citations(tmp_path, [page]) == {
         "page.md: runtime/gone",
         "page.md: quickdraft.runtime.nope",
-        "page.md: quickdraft.runtime.kernels.w8a8.Nope",
+        "page.md: quickdraft.runtime.quant.w8a8.Nope",
         "page.md: scripts/nope.py",
     }
 

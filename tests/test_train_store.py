@@ -272,10 +272,10 @@ def test_decode_evaluation_runs_the_runs_weights_on_its_held_copy(monkeypatch):
     memory); without a holder the engine builds its own (a negative control for the count)."""
     import gc
 
-    from quickdraft.runtime.formats import quantized
+    from quickdraft.runtime.quant import quantized
+    from quickdraft.runtime.quant.modes import parse_quantize
     from quickdraft.training.decode_eval import decode_eval
     from quickdraft.training.train_heads import HeadTrainingConfig, new_module
-    from quickdraft.weights.quant import parse_quantize
 
     target = tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.bfloat16)
     module = new_module("head", target.model, HeadTrainingConfig())

@@ -4,7 +4,7 @@ drafter (`--drafter auto`), both the defaults. Each is chosen once the target is
 one-line reason that the statistics, `--json` (`stats.ran.choice`) and the server's metrics carry.
 
     weights   a GGUF-born target (a named one, `--target FILE.gguf`) runs its own blocks (`w4a8`: Q4_K,
-              Q6_K, Q8_0, ... as stored, times int8 activations: `runtime/formats`), the model the user
+              Q6_K, Q8_0, ... as stored, times int8 activations: `runtime/quant/formats`), the model the user
               downloaded, as llama.cpp runs it; where quantized kernels cannot run (float64, `--runtime
               hf`, a GPU, a block type without a format) its bf16/float conversion runs and the reason
               says so. The embedded default too (its Q4_1 blocks): its suffix default ran faster on them
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from quickdraft.costs import cost_curve as curves
 from quickdraft.drafters.model_free.suffix import TREE_GAIN, with_suffix_cache
-from quickdraft.runtime import formats, kernels
+from quickdraft.runtime import kernels
 from quickdraft.runtime.choose import forces_reference, resolve_device
+from quickdraft.runtime.quant import formats
+from quickdraft.runtime.quant.gguf_tensors import gguf_types
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
-from quickdraft.weights.gguf_weights import gguf_types
 from quickdraft.weights.loading import LoadedModel
 
 AUTO = "auto"

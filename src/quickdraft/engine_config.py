@@ -16,7 +16,7 @@ from quickdraft.drafters.kinds import DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.choose import RUNTIMES, forces_reference, resolve_device
-from quickdraft.weights.quant import QuantSpec, parse_quantize
+from quickdraft.runtime.quant.modes import QuantSpec, parse_quantize
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class EngineConfig:
         device: auto | cpu | cuda.
         graphs: static shapes for the target's forward, captured as CUDA graphs on CUDA: auto (on
             CUDA), on (a CPU runs the same static shapes eagerly: for tests), off.
-        quantize: the target's weights: auto | none | int8 | w8a8 | w4a8 | int4[:G] | gguf (weights/quant.py);
+        quantize: the target's weights: auto | none | int8 | w8a8 | w4a8 | int4[:G] | gguf (runtime/quant/modes.py);
             auto (the default) runs a GGUF-born target's own blocks (`defaults.auto_weights`); a quantized
             target is a different model, and speculation is lossless with respect to it.
         drafter_stages: `drafter` parsed (once, here; empty for a method without a drafter, or for

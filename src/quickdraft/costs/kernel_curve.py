@@ -48,7 +48,7 @@ class Point:
 
 def random_blocks(name: str, shape: tuple[int, int], seed: int = 0) -> torch.Tensor:
     """(out, in / block_weights * block_bytes) uint8: random blocks of GGUF type `name` with small fp16 scales."""
-    from quickdraft.runtime import formats
+    from quickdraft.runtime.quant import formats
 
     fmt, (out, k) = formats.FORMATS[name], shape
     rng = np.random.default_rng(seed)
@@ -62,7 +62,7 @@ def random_blocks(name: str, shape: tuple[int, int], seed: int = 0) -> torch.Ten
 
 def copies_for(form: str, shape: tuple[int, int], stream_bytes: int = STREAM_BYTES) -> int:
     """How many copies of a `form` weight of `shape` make `stream_bytes` (at least 1, at most 64)."""
-    from quickdraft.runtime import formats
+    from quickdraft.runtime.quant import formats
 
     if form == "bf16":
         per = shape[0] * shape[1] * 2
@@ -77,8 +77,8 @@ def kernels_of(
 ) -> dict[str, list[Callable[[torch.Tensor], torch.Tensor]]]:
     """{kernel: [call(x (rows, in) bf16) -> (rows, out)] over `copies` weights} for every kernel this
     host can run `form` on."""
-    from quickdraft.runtime import formats
     from quickdraft.runtime.kernels import linear
+    from quickdraft.runtime.quant import formats
 
     if form in STORED:
         return {"ours": [formats.FORMATS[form].linear(random_blocks(form, shape, seed=i)) for i in range(copies)]}

@@ -20,8 +20,8 @@ from quickdraft.decoding.pearl import PearlDecoder, gamma_from_costs
 from quickdraft.decoding.pearl_logic import PearlConfig, PearlLogic, PearlVerdict
 from quickdraft.drafters.base import Drafter, DraftRequest, drafter_step_seconds
 from quickdraft.drafters.spec import DrafterSpec
+from quickdraft.runtime.quant.modes import QuantSpec
 from quickdraft.verifiers.tree import TokenTree
-from quickdraft.weights.quant import QuantSpec
 
 TARGET, DRAFT = 0, 1
 

@@ -25,10 +25,10 @@ from typing import Protocol
 import torch
 
 from quickdraft.runtime.choose import cached_model
-from quickdraft.runtime.formats.quantized import Quantized, quantize_model
+from quickdraft.runtime.quant.modes import QuantSpec
+from quickdraft.runtime.quant.quantized import Quantized, quantize_model
 from quickdraft.types import TargetOutput
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec
 
 
 class Target(Protocol):

@@ -128,11 +128,11 @@ def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> P
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
     from quickdraft.defaults import AUTO, auto_weights
-    from quickdraft.runtime.formats.quantized import quantize_model
     from quickdraft.runtime.forward.native import NativeLlama
+    from quickdraft.runtime.quant.modes import parse_quantize
+    from quickdraft.runtime.quant.quantized import quantize_model
     from quickdraft.training.train_run import TrainRun, summary
     from quickdraft.weights.loading import load_model
-    from quickdraft.weights.quant import parse_quantize
 
     kinds = _kinds(args.kind)
     device = resolve_device(args.device)

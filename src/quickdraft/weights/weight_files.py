@@ -22,17 +22,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from quickdraft.weights.quant import int8_linear
-
 PACKED = "quickdraft.packed"  # metadata key: "int8" | "int4:G"
 MIN_PACKED = 4096
 
 
 def pack_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) floats -> (N, K) int8 codes and (N, 1) float32 scales (w ~ codes * scales): the int8
-    target's own per-row rounding (`quant.int8_linear`)."""
-    packed = int8_linear(w)
-    return packed.q, packed.scales[:, None]
+    """(N, K) floats -> (N, K) int8 codes and (N, 1) float32 scales (w ~ codes * scales): symmetric per
+    row, absmax / 127 (the grid of `runtime/quant/torch_linears.py`'s `int8_linear`, tested equal)."""
+    w = w.detach().float()
+    scales = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    return torch.round(w / scales).clamp(-127, 127).to(torch.int8), scales
 
 
 def pack_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

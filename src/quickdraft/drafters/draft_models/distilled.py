@@ -22,7 +22,7 @@ from quickdraft.weights.loading import LoadedModel
 
 def parse_distilled(arg: str | None):
     """`distilled[:PATH][;quant=MODE][;window=N]` -> (PATH or None, QuantSpec or None, window or None)."""
-    from quickdraft.weights.quant import parse_quantize
+    from quickdraft.runtime.quant.modes import parse_quantize
 
     path, options = split_options("distilled", arg, ("quant", "window"))
     quant = options.get("quant")

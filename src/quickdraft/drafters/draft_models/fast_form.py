@@ -22,7 +22,7 @@ import torch
 
 from quickdraft.runtime import kernels
 from quickdraft.runtime.choose import forces_reference
-from quickdraft.weights.quant import QuantSpec
+from quickdraft.runtime.quant.modes import QuantSpec
 
 FAST_QUANT = "w4a8-all"
 VOCAB = 32768

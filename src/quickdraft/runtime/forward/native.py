@@ -38,7 +38,7 @@ class NativeLlama:
     Args:
         model: the Hugging Face model.
         linears: kernel-form linears by parameter name (e.g. "model.layers.0.mlp.up_proj.weight",
-            "lm_head.weight"), e.g. int4 ones from runtime/formats/quantized.py; the others read the weights.
+            "lm_head.weight"), e.g. int4 ones from runtime/quant/quantized.py; the others read the weights.
     """
 
     def __init__(self, model, linears: Mapping[str, Callable] | None = None) -> None:

@@ -5,10 +5,10 @@
 //   linear.h        pack_bf16, linear_packed                                (runtime/kernels/linear.py)
 //   int8_dots.h     the int8 tiles' shared ground: stores, row dispatch, each level's dot products
 //   int8_rows.h     the int8-activation linears' rows: their quantization
-//   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/kernels/w8a8.py)
-//   w4a8.h          pack_q4, linear_w4a8                                    (runtime/kernels/w4a8.py)
-//   w6a8.h          pack_q6, linear_w6a8                                    (runtime/kernels/w6a8.py)
-//   q4k.h           pack_q4k, linear_q4k                                    (runtime/kernels/q4k.py)
+//   w8a8.h          pack_int8, pack_blocks, linear_w8a8, linear_w8a8_min    (runtime/quant/w8a8.py)
+//   w4a8.h          pack_q4, linear_w4a8                                    (runtime/quant/w4a8.py)
+//   w6a8.h          pack_q6, linear_w6a8                                    (runtime/quant/w6a8.py)
+//   q4k.h           pack_q4k, linear_q4k                                    (runtime/quant/q4k.py)
 //   fused_layers.h  llama_layers: the kernels above over a run of layers    (runtime/kernels/fused_layers.py)
 //
 // A one-row step of a small model is dominated by per-op overhead, not arithmetic: torch.profiler on

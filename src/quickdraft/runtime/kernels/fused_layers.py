@@ -19,10 +19,10 @@ from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.static_cache import KVCache
 from quickdraft.runtime.kernels.attention import ATTEND_ROWS
 from quickdraft.runtime.kernels.linear import Linear, PackedRows
-from quickdraft.runtime.kernels.q4k import Q4KLinear
-from quickdraft.runtime.kernels.w4a8 import W4A8Linear
-from quickdraft.runtime.kernels.w6a8 import W6A8Linear
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.q4k import Q4KLinear
+from quickdraft.runtime.quant.w4a8 import W4A8Linear
+from quickdraft.runtime.quant.w6a8 import W6A8Linear
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 if TYPE_CHECKING:  # the blocks are read by their attributes
     from quickdraft.runtime.forward.llama_block import Block

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from quickdraft.host import cpu_model, kept, median_seconds, safe_name
 from quickdraft.runtime import kernels
-from quickdraft.runtime.kernels.rows import concat_rows  # the quantized kinds know their own layout
+from quickdraft.runtime.quant.rows import concat_rows  # the quantized kinds know their own layout
 
 _CHOICE: dict[tuple, str | None] = {}
 KINDS = ("fused", "onednn")

@@ -1,5 +1,5 @@
 // pack_q4k / linear_q4k: a GGUF's Q4_K weights as stored (4-bit codes, 6-bit scales and mins per 32
-// inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/kernels/q4k.py.
+// inputs, fp16 d and dmin per 256) x int8 activations (VNNI where present). Python: runtime/quant/q4k.py.
 // Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
 

@@ -1,5 +1,5 @@
 // pack_q4 / linear_w4a8: 4-bit weights (a GGUF's Q4_0/Q4_1 blocks) x int8 activations (VNNI where
-// present). Python: runtime/kernels/w4a8.py.
+// present). Python: runtime/quant/w4a8.py.
 // Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
 

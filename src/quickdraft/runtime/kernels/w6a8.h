@@ -1,5 +1,5 @@
 // pack_q6 / linear_w6a8: a GGUF's Q6_K weights as stored (6-bit codes, an int8 scale per 16 inputs, an
-// fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/kernels/w6a8.py.
+// fp16 scale per 256) x int8 activations (VNNI where present). Python: runtime/quant/w6a8.py.
 // Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
 

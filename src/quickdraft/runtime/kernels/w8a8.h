@@ -1,6 +1,6 @@
 // pack_int8 / pack_blocks / linear_w8a8 / linear_w8a8_min: int8 weights x int8 activations in blocks of 32
 // (VNNI where present), with an optional float min per half-block (w = s q + mn: GGUF's Q5_1, Q5_K, Q2_K
-// codes as stored). Python: runtime/kernels/w8a8.py. The rows' quantization: int8_rows.h.
+// codes as stored). Python: runtime/quant/w8a8.py. The rows' quantization: int8_rows.h.
 // Self-contained (it includes what it uses); compiled in fused.cpp's one translation unit.
 #pragma once
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import kernels
-from quickdraft.weights.gguf_weights import q6_k_weights
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
 
 SUPER = 256  # inputs per d
 
 
-class W6A8Linear:
+class W6A8Linear(QuantLinear):
     """y = x W^T with W[o, k] = d[o, k // 256] sc[o, k // 16] (q[o, k] - 32), x quantized per row and block.
 
     Args:
@@ -43,7 +42,7 @@ class W6A8Linear:
     @classmethod
     def from_gguf(cls, raw: torch.Tensor) -> W6A8Linear:
         """The linear of a GGUF Q6_K tensor's rows as stored, (out, in / 256 * 210) uint8, packed in one pass
-        (the same bytes as the constructor's from `weights.gguf_weights.q6_k_blocks`)."""
+        (the same bytes as the constructor's from `formats.q6_k.q6_k_blocks`)."""
         ops = _ops()
         if raw.dim() != 2 or raw.shape[1] % 210:
             raise QuickdraftError(f"Q6_K rows must be (out, super-blocks * 210) bytes, not {tuple(raw.shape)}")
@@ -68,10 +67,6 @@ class W6A8Linear:
         d = p[:, ::8, 416:448].contiguous().view(torch.float16).permute(0, 2, 1).reshape(nb * 16, -1)
         return codes.contiguous(), sc[:out].contiguous(), d[:out].float().contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed)
-
     def rows(self, ids: torch.Tensor) -> W6A8Linear:
         """The same linear over output rows `ids` only (exact: rows are independent)."""
         codes, sc, d = self.parts()
@@ -81,17 +76,13 @@ class W6A8Linear:
         """(out, in) float32: the weight the kernel computes with, (d sc) (q - 32)."""
         return q6_k_weights(*self.parts())
 
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel()
+def q6_k_weights(codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """(out, in) float32 of Q6_K's parts (codes (out, in) 0..63, sc (out, in / 16), d (out, in / 256)):
+    w = (d sc) (q - 32), the GGUF's dequantized values."""
+    scale = d.repeat_interleave(16, dim=1) * sc.float()
+    return scale.repeat_interleave(16, dim=1) * (codes.float() - 32)
 
 
 def _ops():
-    ops = kernels.fused_ops()
-    if ops is None:
-        raise QuickdraftError("Q6_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
-    return ops
+    return fused_ops("Q6_K weights")

@@ -2,7 +2,7 @@
 
 A weight is w = q d + m, q a code 0..15, with one fp16 scale d and min m per output and block of 32
 inputs: exactly a GGUF's Q4_1 block (Q4_0's: m = -8 d), so the embedded default's layers run on their
-own 4-bit blocks with no round trip (`gguf_weights.py`); other models' float32 weights get min-max
+own 4-bit blocks with no round trip (`runtime/quant/formats/q4_0.py`); other models' float32 weights get min-max
 blocks (`w4a8_linear`). Activations are quantized per row and block of 32 on the fly (absmax / 127),
 as w8a8's. The kernel (`runtime/kernels/fused.cpp`: `pack_q4`, `linear_w4a8`) streams 5 bits a weight
 (codes, then the block's d and m) and multiplies 64 code-activation pairs a vpdpbusd; a row's result
@@ -15,13 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import kernels
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
 
 BLOCK = 32  # inputs per block of codes (and of the activations' scales)
 
 
-class W4A8Linear:
+class W4A8Linear(QuantLinear):
     """y = x W^T with W[o, k] = q[o, k] d[o, k // 32] + m[o, k // 32] and x quantized per row and block.
 
     Args:
@@ -32,9 +31,7 @@ class W4A8Linear:
     __slots__ = ("shape", "d", "m", "packed", "_kernel")
 
     def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("--quantize w4a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        ops = fused_ops("--quantize w4a8")
         self.shape = tuple(codes.shape)
         self.d, self.m = d.half().float().contiguous(), m.half().float().contiguous()
         self.packed = ops.pack_q4(codes.to(torch.uint8).contiguous(), self.d, self.m)  # (ceil(out/16), blocks, 320)
@@ -44,10 +41,6 @@ class W4A8Linear:
     def codes(self) -> torch.Tensor:
         """(out, in) uint8 codes, unpacked from `packed` (not kept: a byte a weight beside its 5 bits)."""
         return unpack_q4(self.packed, *self.shape)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed)
 
     def rows(self, ids: torch.Tensor) -> W4A8Linear:
         """The same linear over output rows `ids` only (exact: rows are independent)."""
@@ -59,14 +52,6 @@ class W4A8Linear:
         blocks = self.d.shape[1]
         q = F.pad(self.codes.float(), (0, blocks * BLOCK - k)).view(out, blocks, BLOCK)
         return (q * self.d[..., None] + self.m[..., None]).view(out, -1)[:, :k]
-
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel()
 
 
 def unpack_q4(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:

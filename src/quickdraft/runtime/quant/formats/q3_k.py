@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quickdraft.runtime.formats.base import Format, bits, crumbs, fp16
-from quickdraft.runtime.kernels.w6a8 import W6A8Linear
+from quickdraft.runtime.quant.formats.base import Format, bits, crumbs, fp16
+from quickdraft.runtime.quant.w6a8 import W6A8Linear
 
 
 def scales(packed: np.ndarray) -> np.ndarray:

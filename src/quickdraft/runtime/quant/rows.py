@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.runtime.kernels.q4k import Q4KLinear
-from quickdraft.runtime.kernels.q4k import concat as concat_q4k
-from quickdraft.runtime.kernels.w4a8 import W4A8Linear
-from quickdraft.runtime.kernels.w4a8 import concat as concat_w4a8
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
-from quickdraft.weights.quant import Int4Linear, Int8Linear
+from quickdraft.runtime.quant.q4k import Q4KLinear
+from quickdraft.runtime.quant.q4k import concat as concat_q4k
+from quickdraft.runtime.quant.torch_linears import Int4Linear, Int8Linear
+from quickdraft.runtime.quant.w4a8 import W4A8Linear
+from quickdraft.runtime.quant.w4a8 import concat as concat_w4a8
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 
 class RowSlice:

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from quickdraft.runtime import kernels
-from quickdraft.runtime.kernels.q4k import Q4KLinear
-from quickdraft.runtime.kernels.w6a8 import W6A8Linear
-from quickdraft.weights.gguf_weights import gguf_float_reader
+from quickdraft.runtime.quant.gguf_tensors import gguf_float_reader
+from quickdraft.runtime.quant.q4k import Q4KLinear
+from quickdraft.runtime.quant.w6a8 import W6A8Linear
 from quickdraft.weights.loading import LoadedModel
 
 

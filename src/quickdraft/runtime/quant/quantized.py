@@ -3,7 +3,7 @@
 Sources, best first: the model's own weights when it runs in float32/float64; else the checkpoint's
 float32 tensors read from its folder (the embedded default's folder holds the GGUF's exact
 dequantized values); a checkpoint stored in bf16 has nothing finer, and the report says so. `gguf`
-reads the GGUF file the model came from (weights/gguf_weights.py), and so does `w4a8` where there is
+reads the GGUF file the model came from (runtime/quant/gguf_tensors.py), and so does `w4a8` where there is
 one (its Q4 blocks as they are). The embedding table, norms and
 RoPE stay as loaded (a lookup, not a matmul).
 """
@@ -18,16 +18,17 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import release_free_memory
-from quickdraft.runtime import formats
-from quickdraft.runtime.formats.float_source import float32_source as _float32_source
-from quickdraft.runtime.formats.gguf_linears import gguf_linears
-from quickdraft.runtime.kernels.rows import KeptRows, fused_slices
-from quickdraft.runtime.kernels.w4a8 import w4a8_linear
-from quickdraft.runtime.kernels.w8a8 import w8a8_linear
+from quickdraft.runtime.quant import formats
+from quickdraft.runtime.quant.float_source import float32_source as _float32_source
+from quickdraft.runtime.quant.gguf_linears import gguf_linears
+from quickdraft.runtime.quant.gguf_tensors import FOUR_BIT, gguf_types
+from quickdraft.runtime.quant.modes import QuantSpec, check_dtype
+from quickdraft.runtime.quant.rows import KeptRows, fused_slices
+from quickdraft.runtime.quant.torch_linears import int4_linear, int8_linear
+from quickdraft.runtime.quant.w4a8 import w4a8_linear
+from quickdraft.runtime.quant.w8a8 import w8a8_linear
 from quickdraft.weights.gguf_convert import open_gguf
-from quickdraft.weights.gguf_weights import FOUR_BIT, gguf_types
 from quickdraft.weights.loading import LoadedModel
-from quickdraft.weights.quant import QuantSpec, check_dtype, int4_linear, int8_linear
 
 LINEARS = (
     "self_attn.q_proj",
@@ -91,7 +92,7 @@ def linear_names(config) -> list[str]:
 
 
 def _gguf_w4a8(loaded: LoadedModel) -> tuple[dict[str, object], str]:
-    """w4a8 linears from the GGUF the model came from, each block type as stored (`runtime/formats`), and
+    """w4a8 linears from the GGUF the model came from, each block type as stored (`runtime/quant/formats`), and
     their source, where every linear's type has a format (`_own_blocks`)."""
     linears, counted = gguf_linears(loaded.gguf, loaded.model.config, q8="w8a8", q4="w4a8", fuse=FUSED)
     return linears, f"{loaded.gguf.name} ({_counts(counted)}; every block as stored)"

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from gguf.quants import IQ4_NL
 
-from quickdraft.runtime.formats.base import Format, codes_of, fp16, nibbles, per_output
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.formats.base import Format, codes_of, fp16, nibbles, per_output
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 VALUES = np.array(IQ4_NL.kvalues, dtype=np.int8)  # the table, -127..113
 

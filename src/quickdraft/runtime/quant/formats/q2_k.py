@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quickdraft.runtime.formats.base import Format, codes_of, crumbs, fp16, per_output
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.formats.base import Format, codes_of, crumbs, fp16, per_output
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 
 def linear(rows: torch.Tensor) -> W8A8Linear:

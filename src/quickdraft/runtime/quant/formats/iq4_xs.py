@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quickdraft.runtime.formats.base import Format, codes_of, fp16, nibbles, per_output
-from quickdraft.runtime.formats.iq4_nl import VALUES
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.formats.base import Format, codes_of, fp16, nibbles, per_output
+from quickdraft.runtime.quant.formats.iq4_nl import VALUES
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 
 def linear(rows: torch.Tensor) -> W8A8Linear:

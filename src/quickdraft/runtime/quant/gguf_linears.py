@@ -1,9 +1,34 @@
 """A GGUF's linears in kernel form, keyed by Hugging Face parameter name. As stored (w4a8 and w8a8 forms,
-the default): each tensor's rows through its type's record in `runtime/formats` (twelve block types; a
+the default): each tensor's rows through its type's record in `runtime/quant/formats` (twelve block types; a
 type without one is refused in one line). `--quantize gguf`'s forms: the blocks as decoded by
-`weights/gguf_weights.py` (Q4_0/Q4_1/Q4_K codes, Q8_0/Q5_0 8-bit codes, Q6_K values) packed for aten's
-int4/int8. Q4_K and Q6_K go from the file's rows to the kernels' layout in one C++ pass (`pack_q4k_gguf`,
-`pack_q6_gguf`: the 1.5B's linears in 1.2 s, where decoding them in numpy first took 9.4 s)."""
+their records' block readers (`Format.parts`: Q4_0/Q4_1/Q4_K codes, Q8_0/Q5_0 8-bit codes, Q6_K values)
+packed for aten's int4/int8. Q4_K and Q6_K go from the file's rows to the kernels' layout in one C++ pass
+(`pack_q4k_gguf`, `pack_q6_gguf`), never decoded in numpy first.
+
+    Q4_0  d (fp16) + 32 codes: w = (q - 8) d        -> int4 groups of 32: scale d, zero 0 (exact), or
+                                                       w4a8 blocks: d, min -8 d
+    Q4_1  d, m (fp16) + 32 codes: w = q d + m       -> int4 groups of 32: scale d, zero m + 8 d, or
+                                                       w4a8 blocks: d, m (the block as it is)
+    Q8_0  d (fp16) + 32 int8: w = q d               -> int8 per channel (re-rounded: the block scales
+                                                        do not fit one scale per row), w8a8 blocks of
+                                                        32 (the same grid), or left to the loaded
+                                                        model's own float weight ("bf16")
+    Q4_K  256-weight super-blocks: d, dmin (fp16),  -> q4k: the codes, sc_j, m_j, d and dmin as stored
+          6-bit sc_j, m_j per 32: w = d sc_j q -          (exact), or int4 groups of 32: d sc_j and
+          dmin m_j                                        -dmin m_j
+    Q5_0  d (fp16) + 32 5-bit codes: w = (q - 16) d -> int8 codes q - 16 with the block's scale d: w8a8
+                                                       blocks of 32 exactly, or int8 per channel
+    Q6_K  256-weight super-blocks, an int8 scale    -> w6a8: the codes, sc_j and d as stored (exact), or
+          per 16: w = d sc_j (q - 32)                     int8 per channel re-rounded from the exact values
+    F32 / F16 / BF16                                -> left to the loaded model's own float weight
+
+In float32 the int4 forms reproduce the GGUF's dequantized values exactly (tested on the `gguf`
+package's own quantizer and on every linear of the default target; (q - 8) d + (m + 8 d) could round
+once where q d + m does not, and did not there); with bf16 activations the kernel holds d and
+m + 8 d in bf16 (8 bits of mantissa against fp16's 11), which is where a bf16 run differs from the
+GGUF's own arithmetic. llama.cpp stores Llama's q and k rows permuted for its RoPE: the same row order
+transformers undoes is undone here (rows are independent, so exactly); Qwen2's are not permuted.
+"""
 
 from __future__ import annotations
 
@@ -14,23 +39,17 @@ import numpy as np
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import formats
-from quickdraft.runtime.kernels.q4k import Q4KLinear
-from quickdraft.runtime.kernels.rows import RowSlice
-from quickdraft.runtime.kernels.w4a8 import W4A8Linear
-from quickdraft.runtime.kernels.w6a8 import W6A8Linear
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear, w8a8_linear
+from quickdraft.runtime.quant import formats
+from quickdraft.runtime.quant.formats.q4_0 import int4_form, q8_values
+from quickdraft.runtime.quant.formats.q4_k import q4_k_as_blocks
+from quickdraft.runtime.quant.gguf_tensors import gguf_direct, linear_tensors, permuted_heads
+from quickdraft.runtime.quant.q4k import Q4KLinear
+from quickdraft.runtime.quant.rows import RowSlice
+from quickdraft.runtime.quant.torch_linears import int8_linear
+from quickdraft.runtime.quant.w4a8 import W4A8Linear
+from quickdraft.runtime.quant.w6a8 import W6A8Linear, q6_k_weights
+from quickdraft.runtime.quant.w8a8 import W8A8Linear, w8a8_linear
 from quickdraft.weights.gguf_convert import open_gguf, unpermute_rows
-from quickdraft.weights.gguf_weights import (
-    int4_form,
-    linear_tensors,
-    permuted_heads,
-    q4_k_as_blocks,
-    q6_k_weights,
-    q8_values,
-    tensor_blocks,
-)
-from quickdraft.weights.quant import int8_linear
 
 Q8_FORMS = ("bf16", "int8", "w8a8")
 Q4_FORMS = ("int4", "w4a8")
@@ -132,6 +151,17 @@ def _built_together(reader, parts: list[tuple[str, str, torch.Tensor, np.ndarray
     for *_, raw in parts:
         reader.release(raw)
     return built
+
+
+def tensor_blocks(raw: np.ndarray, kind: str, file: str, tensor: str) -> tuple:
+    """(form, *tensors) of a quantized GGUF tensor, read by its type's record (`Format.parts`)."""
+    record = formats.FORMATS.get(kind)
+    if record is None or record.parts is None:
+        raise QuickdraftError(
+            f"{file}: tensor {tensor} has GGUF type {kind}, which has no kernel form here "
+            f"(supported: {', '.join(gguf_direct())}); use --quantize int4 or int8 instead"
+        )
+    return record.parts(raw)
 
 
 def _kernel_form(form: tuple, q8: str, q4: str) -> object:

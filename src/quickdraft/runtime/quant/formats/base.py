@@ -4,7 +4,7 @@ helpers its block reader shares with the others.
 A record says how many bytes hold how many weights, how the tensor's rows as stored (uint8, one row of
 whole blocks per output) become a kernel-form linear whose weights are exactly the file's values, and
 what it computes in. Records live one a file beside this one (`q5_1.py`, `q2_k.py`, ...); the registry
-in `formats/__init__.py` lists them.
+in `runtime/quant/formats/__init__.py` lists them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ class Format:
         linear: rows as stored, (out, in / block_weights * block_bytes) uint8, -> a kernel-form linear
             (`dequantized()` gives back the file's values exactly).
         kernel: the kernel it runs on, as the source line names it ("w8a8 with mins").
+        parts: None, or the block reader `--quantize gguf`'s aten forms take: rows as stored (out, bytes)
+            uint8 numpy -> (form, *tensors), form one of "q4" (codes, d, m: w = q d + m), "q4k" (Q4_K's
+            codes, sc, mn, d, dmin), "q8" (int8 codes, d per 32) or "q6" (Q6_K's codes, sc, d).
     """
 
     name: str
@@ -36,6 +39,7 @@ class Format:
     block_bytes: int
     linear: Callable[[torch.Tensor], object]
     kernel: str
+    parts: Callable[[np.ndarray], tuple] | None = None
 
     def blocks(self, rows: torch.Tensor) -> np.ndarray:
         """(out * blocks, block_bytes) uint8 of rows as stored, checked against the block size."""
@@ -51,8 +55,13 @@ class Format:
 
 
 def fp16(raw: np.ndarray) -> np.ndarray:
-    """(n, 2) uint8 little-endian fp16 -> (n, 1) float32."""
+    """(..., 2) uint8 little-endian fp16 -> (..., 1) float32."""
     return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+
+
+def half(raw: np.ndarray) -> torch.Tensor:
+    """(..., 2) uint8 little-endian fp16 -> (...) float32 tensor (`fp16` without its last axis)."""
+    return torch.from_numpy(fp16(raw)[..., 0])
 
 
 def nibbles(qs: np.ndarray, width: int) -> np.ndarray:

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import kernels
-from quickdraft.weights.quant import W8A8_BLOCK
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
+from quickdraft.runtime.quant.modes import W8A8_BLOCK
 
 
-class W8A8Linear:
+class W8A8Linear(QuantLinear):
     """y = x W^T with W int8 in blocks of 32 inputs (one scale per output and block), x quantized the
     same way per row on the fly (as llama.cpp's Q8_0 x Q8_0; `runtime/kernels`: `linear_w8a8`).
 
@@ -26,9 +26,7 @@ class W8A8Linear:
     __slots__ = ("shape", "scales", "mins", "packed", "packed_scales", "_kernel")
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None) -> None:
-        ops = kernels.fused_ops()
-        if ops is None:
-            raise QuickdraftError("--quantize w8a8 needs quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
+        ops = fused_ops("--quantize w8a8")
         self.shape, self.scales = tuple(q.shape), scales.float().contiguous()
         self.mins = None if mins is None else mins.float().contiguous()
         if self.mins is not None and self.mins.shape != (self.shape[0], 2 * self.scales.shape[1]):
@@ -46,9 +44,8 @@ class W8A8Linear:
         q = (self.packed.to(torch.int16) - 128).to(torch.int8).permute(0, 2, 1, 3).reshape(nb * 16, groups * 4)
         return q[: self.shape[0], : self.shape[1]].contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed, self.packed_scales)
+    def stored(self) -> tuple[torch.Tensor, ...]:
+        return self.packed, self.packed_scales
 
     def rows(self, ids: torch.Tensor) -> W8A8Linear:
         return W8A8Linear(self.q[ids], self.scales[ids], None if self.mins is None else self.mins[ids])
@@ -59,14 +56,6 @@ class W8A8Linear:
         if self.mins is not None:
             w += self.mins.repeat_interleave(W8A8_BLOCK // 2, dim=1)[:, : self.shape[1]]
         return w
-
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() + 4 * self.packed_scales.numel()
 
 
 CHUNK_ROWS = 4096  # rows quantized at a time: a 151,936-row LM head's float temporaries stay ~100 MB

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from gguf.quants import Q4_K
 
-from quickdraft.runtime.formats.base import Format, bits, codes_of, fp16, nibbles, per_output
-from quickdraft.runtime.kernels.w8a8 import W8A8Linear
+from quickdraft.runtime.quant.formats.base import Format, bits, codes_of, fp16, nibbles, per_output
+from quickdraft.runtime.quant.w8a8 import W8A8Linear
 
 
 def linear(rows: torch.Tensor) -> W8A8Linear:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import kernels
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
 
 SUPER = 256  # inputs per d and dmin
 BLOCK = 32  # inputs per sc and mn
 NAMES = ("codes", "sc", "mn", "d", "dmin")
 
 
-class Q4KLinear:
+class Q4KLinear(QuantLinear):
     """y = x W^T with W[o, k] = d[o, k // 256] sc[o, k // 32] q[o, k] - dmin[o, k // 256] mn[o, k // 32].
 
     Args:
@@ -43,7 +43,7 @@ class Q4KLinear:
     @classmethod
     def from_gguf(cls, raw: torch.Tensor) -> Q4KLinear:
         """The linear of a GGUF Q4_K tensor's rows as stored, (out, in / 256 * 144) uint8, packed in one pass
-        (the same bytes as the constructor's from `weights.gguf_weights.q4_k_parts`)."""
+        (the same bytes as the constructor's from `formats.q4_k.q4_k_parts`)."""
         ops = _ops()
         if raw.dim() != 2 or raw.shape[1] % 144:
             raise QuickdraftError(f"Q4_K rows must be (out, super-blocks * 144) bytes, not {tuple(raw.shape)}")
@@ -70,10 +70,6 @@ class Q4KLinear:
         codes = codes.reshape(nb * 16, supers * SUPER)[:out, :k]
         return tuple(t.contiguous() for t in (codes, sc, mn, d, dmin))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
-        return kernels.on_rows(self._kernel, x, self.shape[0], self.packed)
-
     def rows(self, ids: torch.Tensor) -> Q4KLinear:
         """The same linear over output rows `ids` only (exact: rows are independent)."""
         return Q4KLinear(*(t[ids] for t in self.parts()))
@@ -86,20 +82,9 @@ class Q4KLinear:
         low = dmin.repeat_interleave(per, dim=1) * mn.float()
         return scale.repeat_interleave(BLOCK, dim=1) * codes.float() - low.repeat_interleave(BLOCK, dim=1)
 
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel()
-
 
 def _ops():
-    ops = kernels.fused_ops()
-    if ops is None:
-        raise QuickdraftError("Q4_K weights need quickdraft's fused CPU kernels (a C++ compiler; see prepare)")
-    return ops
+    return fused_ops("Q4_K weights")
 
 
 def concat(parts: list[Q4KLinear]) -> Q4KLinear:
