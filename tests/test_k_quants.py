@@ -123,7 +123,7 @@ def q4_k_values(raw: np.ndarray) -> torch.Tensor:
 
 
 @needs_ops
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12, 13, 17, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_q4k_linear_is_its_q4_k_weights_times_int8_rows(rows, dtype, ops):
     from quickdraft.runtime.quant.q4k import Q4KLinear
