@@ -1,6 +1,7 @@
 """Our target step, measured and profiled: ms per one-row step (plain greedy decoding), the cost curve
-of a k-row forward (1-33 rows, as multiples of one row), and torch.profiler's top ops of the one-row
-step. The floor work (issue "The target's step at the hardware's floor") compares these before and
+of a k-row forward (1-33 rows, as multiples of one row), and torch.profiler's top ops of a step of
+`--profile-rows` rows (aten's ops only: the fused kernels' own time shows under `perf record`, as in
+docs/bench/q4k-tiles-amx). The floor work (issue "The target's step at the hardware's floor") compares these before and
 after each change.
 
     python scripts/step_profile.py [--target NAME] [--quantize none|int8|gguf|w4a8] [--threads 2] [--context 200]
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-rows", type=int, default=1, help="rows a profiled step extends (9: a verify)")
+    ap.add_argument("--curve-only", type=int, nargs="*", default=None, help="measure only these rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.target, "bfloat16")
@@ -48,7 +51,7 @@ def main() -> None:
 
         return 1000 * median_seconds(once, repeats=20, warmup=3)
 
-    curve = {k: step_ms(k) for k in ROWS}
+    curve = {k: step_ms(k) for k in sorted({1, *(args.curve_only or ROWS)})}
     one = curve[1]
     host, ops = machine_info(), kernels.fused_ops()
     paths = (
@@ -63,12 +66,13 @@ def main() -> None:
     print("rows: " + "  ".join(f"{k}: {v / one:.2f}" for k, v in curve.items()))
     if not args.no_profile:
         target.prefill(prompt)
+        rows = list(range(100, 100 + args.profile_rows))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            token = 100
             for _ in range(32):
-                token = int(target.extend([token], last_only=True)[-1].argmax())
+                target.extend(rows, last_only=args.profile_rows == 1)
+                target.rollback(len(prompt))
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
-        print("torch.profiler, 32 one-row steps, by self CPU time:")
+        print(f"torch.profiler, 32 steps of {args.profile_rows} rows, by self CPU time:")
         print(table)
         events = prof.key_averages()
         print(f"ops per step: {sum(e.count for e in events) / 32:.0f}")
