@@ -118,6 +118,7 @@ def _format_stats(stats: dict) -> str:
         f"acceptance by position  {per_pos}",
         f"tokens/s                {stats['tokens_per_s']:.2f}  (wall {stats['wall_s']:.2f} s: prefill "
         f"{stats['prefill_s']:.2f}, drafting {stats['draft_s']:.2f}, verifying {stats['verify_s']:.2f})",
+        f"KV cache held           {stats.get('kv_cache_bytes', 0) / 2**20:.1f} MiB  (this request's, target + draft)",
     ]
     if (stats.get("ran") or {}).get("choice"):
         lines.append(f"defaults                {stats['ran']['choice']}")

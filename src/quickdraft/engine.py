@@ -136,7 +136,7 @@ class Engine:
             prompt_ids, sampling, stop.max_new_tokens, Generators.from_seed(sampling.seed, self.device)
         )
         detokenize = self.prompts.decode if self.prompts.tokenizer is not None else None
-        collector = Collector(stop, detokenize, decoder.lossy)
+        collector = Collector(stop, detokenize, decoder.lossy, self.parts.held)
         collector.stats.verifier = decoder.verifier.name if decoder.verifier is not None else ""
         collector.stats.ran = self.ran()
         return rounds, collector

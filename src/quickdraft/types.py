@@ -84,6 +84,7 @@ class SpecStats:
     verify_s: float = 0.0
     wall_s: float = 0.0
     cached_prompt_tokens: int = 0  # prompt tokens a kept prefix held (no forward: the server's prefix store)
+    kv_cache_bytes: int = 0  # the most KV cache bytes this generation held at a round's end (target + draft model)
     lossy: bool = False
     verifier: str = ""  # the verifier's name ("" for plain decoding)
     ran: dict[str, str] = field(default_factory=dict)  # method, drafter (as resolved), target, weights, runtime, device

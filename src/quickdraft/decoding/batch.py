@@ -207,6 +207,7 @@ class BatchDecoder:
         collector.stats.cached_prompt_tokens = job.cached
         reads = (FEATURES,) if self.reads_features else ()
         row = _Row(job.prompt + [token], job.sampling, gens, drafter, reads, job.key, collector)
+        collector.held = lambda: self.target.row_bytes(len(row.context) - 1) + (drafter.kv_bytes() if drafter else 0)
         self.rows.append(row)
         kept = collector.feed(Round([token], verify_s=job.prefill_s))
         return BatchUpdate(job.key, kept, collector)

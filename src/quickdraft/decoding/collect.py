@@ -11,6 +11,7 @@ from quickdraft.prompts import IncrementalDetokenizer
 from quickdraft.types import GenerationResult, Round, SpecStats
 
 Detokenize = Callable[[list[int]], str]
+Held = Callable[[], int]
 
 
 def _record(stats: SpecStats, rnd: Round, kept: int, index: int) -> None:
@@ -52,8 +53,11 @@ class Collector:
         lossy: whether the verifier was lossy (recorded in the statistics).
     """
 
-    def __init__(self, stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False) -> None:
+    def __init__(
+        self, stop: StopConfig, detokenize: Detokenize | None = None, lossy: bool = False, held: Held | None = None
+    ) -> None:
         self.stop = stop
+        self.held = held  # () -> the KV cache bytes the generation holds now (target + draft), read each round
         self.stats = SpecStats(lossy=lossy)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None  # set once done
@@ -94,6 +98,8 @@ class Collector:
             kept.append(token)
             self._check(token)
         _record(self.stats, rnd, len(kept), self._rounds)
+        if self.held is not None:
+            self.stats.kv_cache_bytes = max(self.stats.kv_cache_bytes, self.held())
         self._rounds += 1
         return kept
 

@@ -43,6 +43,10 @@ class DecodeParts:
     memo: dict = field(default_factory=dict)
     started: dict = field(default_factory=dict)  # name -> an object with close()
 
+    def held(self) -> int:
+        """The KV cache bytes a lone generation holds now: the target's and a draft model's."""
+        return getattr(self.target, "kv_bytes", 0) + (self.drafter.kv_bytes() if self.drafter is not None else 0)
+
     def close(self) -> None:
         """Stop whatever a decoder started (worker processes)."""
         for value in list(self.started.values()):

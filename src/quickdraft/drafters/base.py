@@ -156,6 +156,11 @@ class Drafter:
     def observe(self, states: dict[int, torch.Tensor]) -> None:
         """Receive the target's rows of the tokens its last forward committed (`target_layers`)."""
 
+    def kv_bytes(self) -> int:
+        """Bytes the drafter's own KV caches hold now (a draft model's; none for model-free drafters): its
+        parts', summed."""
+        return sum(p.kv_bytes() for p in self.parts)
+
     def components(self) -> list[Drafter]:
         """The drafters whose forwards the cost model counts: the parts', else itself."""
         return [c for part in self.parts for c in part.components()] if self.parts else [self]

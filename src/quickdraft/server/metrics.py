@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from quickdraft.types import GenerationResult
 
@@ -37,6 +37,12 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.peak = Gauge("quickdraft:peak_resident_memory_bytes", "the process's peak resident memory", registry=r)
         self.peak.set_function(peak_rss)
+        self.kv_bytes = Histogram(
+            "quickdraft:request_kv_cache_bytes",
+            "the most KV cache bytes a request held (target + draft model)",
+            buckets=[2**k for k in range(16, 36, 2)],  # 64 KiB .. 16 GiB
+            registry=r,
+        )
         self.defaults = Info("quickdraft:defaults", "what the defaults chose (weights, drafter) and why", registry=r)
 
     def chose(self, choices: dict[str, str]) -> None:
@@ -51,6 +57,7 @@ class Metrics:
         s = result.stats
         self.generated.inc(s.num_new_tokens)
         self.cached.inc(s.cached_prompt_tokens)
+        self.kv_bytes.observe(s.kv_cache_bytes)
         self.drafts.inc(s.num_drafts)
         self.draft_tokens.inc(s.num_draft_tokens)
         self.accepted.inc(s.num_accepted_draft_tokens)

@@ -213,11 +213,8 @@ def parse_request(body: object, kind: str, default_max_tokens: int) -> Completio
     return req
 
 
-# --- responses ---------------------------------------------------------------------------------
-
-
 def spec_metrics(stats: SpecStats) -> dict:
-    """vLLM's speculative-decoding counter names, per request."""
+    """vLLM's speculative-decoding counter names, per request (and the KV cache bytes it held)."""
     return {
         "speculative_decoding": {
             "num_drafts": stats.num_drafts,
@@ -227,6 +224,7 @@ def spec_metrics(stats: SpecStats) -> dict:
             "draft_acceptance_rate": stats.draft_acceptance_rate,
             "mean_acceptance_length": stats.mean_acceptance_length,
             "num_target_forwards": stats.num_target_forwards,
+            "kv_cache_bytes": stats.kv_cache_bytes,
             "lossy": stats.lossy,
             **stats.ran,
         }

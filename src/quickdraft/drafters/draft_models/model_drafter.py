@@ -28,6 +28,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.runtime.choose import cached_model, forces_reference
+from quickdraft.runtime.quant.modes import QuantSpec, check_dtype, parse_quantize
 from quickdraft.verifiers.tree import TokenTree
 from quickdraft.weights.loading import LoadedModel, check_vocab, draft_head, embedding_rows, load_model, resolve_dtype
 
@@ -36,7 +37,6 @@ def parse_quant(arg: str | None):
     """`quant[:MODE[;vocab=K]]` -> (QuantSpec, K or None): the target's own weights quantized (MODE as
     `--quantize`, default w4a8: the cheapest step measured, docs/bench/draft-costs), its head restricted
     to K ids (drafters/draft_models/vocab.py)."""
-    from quickdraft.runtime.quant.modes import parse_quantize
 
     mode, vocab = split_vocab("quant", arg)
     spec = parse_quantize(mode or "w4a8")
@@ -76,6 +76,9 @@ class ModelDrafter(Drafter):
     def draft_steps(self) -> int:
         """Draft-model forwards since `begin` (the bench's cost model)."""
         return self.model.num_forwards - self._forwards_at_begin
+
+    def kv_bytes(self) -> int:
+        return self.model.kv_bytes
 
     def fork(self) -> ModelDrafter:
         """A drafter for one more sequence of a batch: the same model, its own cache."""
@@ -178,7 +181,6 @@ def parse_model(arg: str | None) -> tuple[str, DraftForm]:
     """`model:PATH|NAME[;quant=MODE][;vocab=K|PATH|all][;window=N|all]` -> (path or name, the options
     given, each UNSET where left open: the draft's fast form fills those when it loads). MODE is
     `--quantize`'s (none, w4a8, w4a8-all, ...); N: the prompt tokens the draft reads (`window.py`)."""
-    from quickdraft.runtime.quant.modes import parse_quantize
 
     path, options = split_options("model", arg, MODEL_OPTIONS)
     if not path:
@@ -231,7 +233,6 @@ def native_drafter(
 ) -> ModelDrafter:
     """A draft model's drafter in `quant` (a QuantSpec; None: w4a8 for a GGUF-born draft where the fused
     kernels run, its own blocks where a delta did not retrain them, else none), native when quantized."""
-    from quickdraft.runtime.quant.modes import QuantSpec, check_dtype
     from quickdraft.runtime.quant.quantized import quantize_model
 
     as_stored = draft.gguf is not None and not forces_reference(runtime) and kernels.fused_ops() is not None
@@ -250,7 +251,6 @@ def native_drafter(
 def _quant(spec: DrafterSpec, target: LoadedModel, dtype: str, runtime: str) -> ModelDrafter:
     """The target's own weights quantized (w4a8 by default), run natively with its own cache; in the
     target's dtype, float32 under a float64 target (the kernels take no float64), or "@DTYPE"."""
-    from quickdraft.runtime.quant.modes import check_dtype
     from quickdraft.runtime.quant.quantized import quantize_model
 
     if forces_reference(runtime):

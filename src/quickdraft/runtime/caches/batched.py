@@ -70,6 +70,11 @@ class BatchedTarget:
     def rows(self) -> int:
         return self.cache.rows
 
+    def row_bytes(self, positions: int) -> int:
+        """Bytes a row of `positions` holds in the batch's KV cache (every layer's keys and values)."""
+        net = self.net
+        return positions * 2 * net.num_layers * net.kv_heads * net.head_dim * net.dtype.itemsize
+
     @property
     def max_batch(self) -> int:
         return self.cache.max_batch

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import context_length
-from quickdraft.runtime.caches.kv_cache import cache_length, crop, new_cache
+from quickdraft.runtime.caches.kv_cache import cache_length, crop, kv_bytes_per_token, new_cache
 from quickdraft.types import TargetOutput
 
 
@@ -66,6 +66,11 @@ class TokenCacheVerbs:
         """Reset, then run the prompt; returns (1, V) logits of the last prompt position."""
         self.reset()
         return self.extend(tokens, last_only=True, **extend_options)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes its KV cache holds now: its positions times `kv_bytes_per_token` of its model."""
+        return self.length * kv_bytes_per_token(self.model)
 
     def shared_prefix(self, context: Sequence[int]) -> int:
         """How many leading cached ids equal `context`'s, at most all but its last (the last token is

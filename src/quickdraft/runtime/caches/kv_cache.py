@@ -18,6 +18,16 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
+def kv_bytes_per_token(model: PreTrainedModel) -> int:
+    """Bytes one position's keys and values take over every layer of `model` (full attention: a sliding
+    window's layers are counted whole, an upper bound): 2 x layers x kv heads x head dim x the dtype's size."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
+
+
 def cache_length(cache: DynamicCache) -> int:
     return int(cache.get_seq_length())
 
