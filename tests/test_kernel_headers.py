@@ -1,4 +1,5 @@
-"""The kernels' headers (issue #68 item 4): each beside its Python wrapper of the same stem, the shared
+"""The kernels' headers (issue #68 item 4): each beside its Python wrapper of the same stem (the quantized
+forms' wrappers in their own room, `runtime/quant/`, issue #80), the shared
 ground in its own headers, and every header self-contained (it compiles alone: it includes what it
 uses), with negative controls that prove the checks can fail."""
 
@@ -16,16 +17,23 @@ import pytest
 from quickdraft.runtime import kernels
 
 KERNELS = Path(kernels.__file__).parent
+QUANT = KERNELS.parent / "quant"  # the quantized forms' wrappers: w8a8, w4a8, w6a8, q4k
 SHARED = {"common.h", "int8_dots.h", "int8_rows.h"}  # the shared ground: no wrapper of their own
 
 
-def unpaired_headers(folder: Path) -> list[str]:
-    """Headers in `folder` with no Python wrapper of the same stem beside them (the shared ground aside)."""
-    return sorted(h.name for h in folder.glob("*.h") if h.name not in SHARED and not h.with_suffix(".py").exists())
+def unpaired_headers(folder: Path, rooms: tuple[Path, ...] = ()) -> list[str]:
+    """Headers in `folder` with no Python wrapper of the same stem beside them or in `rooms` (the shared
+    ground aside)."""
+    return sorted(
+        h.name
+        for h in folder.glob("*.h")
+        if h.name not in SHARED and not any((d / f"{h.stem}.py").exists() for d in (folder, *rooms))
+    )
 
 
 def test_every_header_is_beside_its_wrapper():
-    assert unpaired_headers(KERNELS) == []
+    assert unpaired_headers(KERNELS, (QUANT,)) == []
+    assert [h for h in ("w8a8", "w4a8", "w6a8", "q4k") if not (QUANT / f"{h}.py").exists()] == []
     assert {h.name for h in KERNELS.glob("*.h")} >= SHARED | {"w8a8.h", "q4k.h", "block_ops.h", "attention.h"}
 
 
