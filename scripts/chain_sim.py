@@ -27,7 +27,7 @@ import torch
 from quickdraft.decoding.adaptive import CostStop
 from quickdraft.decoding.parts import host_costs, round_cost
 from quickdraft.engine import Engine
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 DW = "model:qwen2.5-coder-0.5b;quant=w4a8-all;vocab=32768;window=256"
 

@@ -14,8 +14,8 @@ import torch
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig
-from quickdraft.options import options_from
 from quickdraft.sampling import logits_to_probs
+from quickdraft.settings.options import options_from
 
 torch.set_num_threads(2)
 rows = [json.loads(line) for line in open(sys.argv[2])]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.engine import Engine
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 CODE = {"coding", "math", "math_reasoning", "reasoning"}
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.01)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.engine import Engine
-from quickdraft.options import options_from, request_from
+from quickdraft.settings.options import options_from, request_from
 
 CASES = [
     ("def add(a, b):\n    return ", "\n\n\nassert add(2, 3) == 5\n"),

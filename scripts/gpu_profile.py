@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 from quickdraft.weights.loading import load_model
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, then show an example call."

@@ -54,7 +54,7 @@ def run(out: str, tokens: int, only: str | None) -> None:
     import torch
 
     from quickdraft import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     torch.set_num_threads(2)
     results: dict[str, dict] = {}

@@ -27,7 +27,7 @@ def main() -> int:
     target = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-1.5b"
     from quickdraft import Engine
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
     from quickdraft.weights.default import converted_target
     from quickdraft.weights.loading import load_model
 

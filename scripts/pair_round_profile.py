@@ -19,8 +19,8 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import round as rnd
 from quickdraft.drafters.draft_models.model_drafter import ModelDrafter
 from quickdraft.engine import Engine
-from quickdraft.options import options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.settings.options import options_from
 
 T: dict[str, list[float]] = collections.defaultdict(list)
 

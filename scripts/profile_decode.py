@@ -22,7 +22,7 @@ import torch
 
 from quickdraft.bench.datasets import load_prompts
 from quickdraft.engine import Engine
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 from quickdraft.weights.loading import load_model
 
 

@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from quickdraft import Engine
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 from quickdraft.weights.loading import LoadedModel
 
 SPECS = {

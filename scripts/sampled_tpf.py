@@ -15,7 +15,7 @@ import torch
 
 from quickdraft import Engine
 from quickdraft.bench.datasets import load_prompts
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 
 def main() -> None:

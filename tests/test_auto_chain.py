@@ -10,7 +10,7 @@ import pytest
 from quickdraft import Engine
 from quickdraft.costs.cost_curve import relative_cost
 from quickdraft.decoding.adaptive import ConfidenceStop, CostStop, FixedLength
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 pytestmark = pytest.mark.usefixtures("flat_costs")
 

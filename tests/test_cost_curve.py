@@ -11,7 +11,7 @@ from quickdraft.costs import cost_curve
 from quickdraft.costs.cost_curve import best_budget, measure_cost_curve, relative_cost, tree_draft_forwards
 from quickdraft.drafters.model_free.suffix import TREE_GAIN, SuffixDrafter
 from quickdraft.drafters.model_free.suffix_index import SuffixIndex, concat_documents
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 from conftest import FLAT_CURVE as AVX512
 from conftest import tiny_llama

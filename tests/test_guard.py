@@ -96,7 +96,7 @@ def test_every_sd_engine_is_guarded_unless_no_guard():
     from quickdraft.decoding.parts import round_cost
     from quickdraft.decoding.registry import METHODS
     from quickdraft.engine import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     target = tiny_llama(dtype=torch.float64)
     for named in ({"drafter": "ngram", "draft_length": 3}, {"drafter": "truncated:1@float64", "draft_tree": 4}):
@@ -117,7 +117,7 @@ def test_greedy_generations_carry_the_verdict_and_sampled_ones_start_fresh():
     seeded request does not depend on the requests before it."""
     from quickdraft.decoding.registry import METHODS
     from quickdraft.engine import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     target = tiny_llama(dtype=torch.float64)
     engine = Engine(target, options_from({"method": "sd", "dtype": "float64", "drafter": "ngram", "draft_length": 3}))
@@ -144,7 +144,7 @@ def test_one_process_pearl_is_guarded_and_keeps_plain_decodings_output():
     from quickdraft.decoding.pearl_logic import PearlConfig
     from quickdraft.decoding.registry import METHODS
     from quickdraft.engine import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
     from quickdraft.verifiers import GreedyMatch
 
     target = tiny_llama(dtype=torch.float64)

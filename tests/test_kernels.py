@@ -324,7 +324,7 @@ def test_w8a8_and_w4a8_target_speculation_equals_its_plain_decoding():
 def _speculation_equals_plain(target, quantize: str) -> None:
     from quickdraft import Engine
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     ar = Engine(target, options_from({"method": "ar", "quantize": quantize}))
     sd = Engine(target, options_from({"drafter": "ngram", "draft_length": 3, "quantize": quantize}))
@@ -365,7 +365,7 @@ def test_greedy_speculation_equals_plain_decoding_exactly_in_bf16(monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", "fused")
     from quickdraft import Engine
     from quickdraft.config import SamplingConfig, StopConfig
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     target = tiny_llama(dtype=torch.bfloat16, layers=3, hidden=64)
     ar = Engine(target, options_from({"method": "ar", "dtype": "bfloat16"}))

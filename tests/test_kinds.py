@@ -13,7 +13,7 @@ from quickdraft.drafters import KINDS, Drafter, make_drafter
 from quickdraft.drafters.base import draft_path
 from quickdraft.drafters.kinds import DrafterKind, DrafterSpec, help_text, shipped_asset
 from quickdraft.drafters.spec import int_arg, parse_drafter_spec
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 from conftest import tiny_text_model
 
@@ -37,7 +37,7 @@ def test_every_record_is_complete(name):
 def test_the_surfaces_read_the_records():
     from quickdraft.drafters.spec import parse_drafter_spec
     from quickdraft.export import vllm_speculative_config
-    from quickdraft.options import OPTIONS
+    from quickdraft.settings.options import OPTIONS
     from quickdraft.training.train_draft_cli import KINDS as TRAINABLE
 
     assert all(k.usage in OPTIONS["drafter"].help for k in KINDS.values())

@@ -243,7 +243,7 @@ def test_greedy_speculation_equals_plain_decoding_in_bf16_whatever_the_kernel(fo
     """Issue #67 item 5: in bf16, with each linear kernel forced, `sd` gives plain decoding's tokens
     where the kernel is exact (the default takes only those), and speculation happened."""
     from quickdraft.engine import Engine
-    from quickdraft.options import EngineConfig, options_from
+    from quickdraft.settings.options import EngineConfig, options_from
 
     monkeypatch.setenv("QUICKDRAFT_PACKED_LINEAR", forced)
     if forced in linear.KINDS and not linear._available(forced):

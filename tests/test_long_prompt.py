@@ -42,7 +42,7 @@ def test_a_long_prefill_runs_in_chunks_with_the_same_logits(monkeypatch):
 
 def test_speculation_after_a_chunked_prefill_equals_plain_decoding(monkeypatch, flat_costs):
     from quickdraft.engine import Engine
-    from quickdraft.options import EngineConfig, options_from
+    from quickdraft.settings.options import EngineConfig, options_from
 
     monkeypatch.setattr(native_cache, "PREFILL_CHUNK", 8)
     target = tiny_llama(vocab=64, layers=2, hidden=32, seed=6, dtype=torch.float64)

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from quickdraft import defaults, host
+from quickdraft import host
 from quickdraft.drafters.draft_models import fast_form
 from quickdraft.runtime import kernels
 from quickdraft.runtime.kernels import levels
+from quickdraft.settings import defaults
 
 from conftest import tiny_llama, tiny_text_model
 

@@ -6,9 +6,9 @@ from quickdraft.bench.methods import QuickdraftMethod, parse_methods
 from quickdraft.cli import _build_parser
 from quickdraft.drafters.spec import DrafterSpec, parse_drafter_spec
 from quickdraft.errors import QuickdraftError
-from quickdraft.flags import given_options
-from quickdraft.options import OPTIONS, EngineConfig, options_from
 from quickdraft.server import ServeConfig
+from quickdraft.settings.flags import given_options
+from quickdraft.settings.options import OPTIONS, EngineConfig, options_from
 
 
 def test_defaults_are_one_set():
@@ -123,7 +123,7 @@ def test_bad_drafter_specs(text, message):
 
 
 def test_request_options_are_rows_of_the_one_table():
-    from quickdraft.options import ENGINE_OPTIONS, REQUEST_OPTIONS, RequestOptions, request_from, split_options
+    from quickdraft.settings.options import ENGINE_OPTIONS, REQUEST_OPTIONS, RequestOptions, request_from, split_options
 
     assert set(REQUEST_OPTIONS) == {"temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop"}
     assert not set(REQUEST_OPTIONS) & set(ENGINE_OPTIONS) and set(REQUEST_OPTIONS) | set(ENGINE_OPTIONS) == set(OPTIONS)
@@ -146,7 +146,7 @@ def test_request_options_are_rows_of_the_one_table():
 
 
 def test_every_cli_takes_its_flags_from_the_table():
-    from quickdraft.options import REQUEST_OPTIONS, request_from
+    from quickdraft.settings.options import REQUEST_OPTIONS, request_from
 
     parser = _build_parser()
     args = parser.parse_args(["generate", "x", "--temperature", "0.7", "--stop", "a", "--stop", "b", "--seed", "3"])

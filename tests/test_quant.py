@@ -20,12 +20,12 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.drafters import make_drafter
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import EngineConfig, options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
 from quickdraft.runtime.quant.formats.q4_0 import int4_form, q4_blocks, q8_0_blocks
 from quickdraft.runtime.quant.modes import parse_quantize
 from quickdraft.runtime.quant.quantized import quantize_model
 from quickdraft.runtime.quant.torch_linears import int4_linear, int8_linear
+from quickdraft.settings.options import EngineConfig, options_from
 from quickdraft.weights.gguf_convert import unpermute_rows
 
 from conftest import tiny_llama
@@ -174,7 +174,7 @@ def test_quant_self_draft_is_lossless_greedy_in_float64(method, tree, mode):
     options = {"draft_tree": tree} if method == "sd" else {}
     config = EngineConfig(method=method, drafter=f"quant:{mode}", dtype="float64")
     if options:
-        from quickdraft.options import options_from
+        from quickdraft.settings.options import options_from
 
         config = options_from(options, config)
     engine = Engine(target, config)

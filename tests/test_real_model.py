@@ -52,7 +52,7 @@ def test_the_shipped_distilled_draft_belongs_to_the_default_target(smollm_fp32):
 
 @pytest.mark.parametrize("budget", [8, 16])
 def test_greedy_suffix_trees_equal_plain_on_default_model_float32(smollm_fp32, budget):
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     ar = Engine(smollm_fp32, EngineConfig(method="ar"))
     sd = Engine(smollm_fp32, options_from({"drafter": "suffix", "draft_tree": budget}))

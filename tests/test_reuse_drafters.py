@@ -328,7 +328,7 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
     from quickdraft.costs import cost_curve
     from quickdraft.decoding import parts as parts_module
     from quickdraft.drafters import tree as tree_module
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
     from quickdraft.training.train_draft_cli import export
 
     gain = {"1": 1.5, "4": 2.0, "8": 2.2}
@@ -360,7 +360,7 @@ def test_a_heads_measured_gain_table_sizes_its_tree(target, trained, tmp_path, m
 
 def test_a_head_without_a_gain_table_keeps_chains(target, trained, tmp_path):
     from quickdraft import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
     from quickdraft.training.train_draft_cli import export
 
     folder = export(tmp_path / "head", trained["head"][0], None, {"target": target.name})

@@ -14,8 +14,8 @@ from quickdraft.config import SamplingConfig, StopConfig
 from quickdraft.decoding import Generators, collect
 from quickdraft.decoding.autoregressive import Autoregressive
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import options_from
 from quickdraft.runtime.caches.native_cache import NativeCachedModel
+from quickdraft.settings.options import options_from
 from quickdraft.training.train_draft_cli import export
 from quickdraft.training.train_heads import Batch, HeadTrainingConfig, new_module, train_loss
 

@@ -108,7 +108,7 @@ def test_a_lone_request_and_a_batch_of_one_give_the_same_rounds(drafter):
     """A lone request (the sequential decoder) and the same request alone in the batched decoder run
     the same step: the same tokens, drafts and acceptances round by round (float64)."""
     from quickdraft import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     loaded = tiny_llama(dtype=torch.float64)
     engine = Engine(loaded, options_from({"drafter": drafter, "draft_tree": 4, "guard": False}))
@@ -139,7 +139,7 @@ SEEDED = {
 
 def _seeded_texts(options: dict, seeds=range(6), batched: bool = False) -> tuple[list[list[int]], int]:
     from quickdraft import Engine
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     loaded = tiny_llama(dtype=torch.float64, seed=4)
     engine = Engine(loaded, options_from({**options, "guard": False}))

@@ -16,9 +16,9 @@ from quickdraft import Engine, EngineConfig
 from quickdraft.config import DraftConfig, SamplingConfig
 from quickdraft.drafters import Drafter, ModelDrafter
 from quickdraft.drafters.model_free.suffix import SuffixDrafter
-from quickdraft.options import RequestOptions
 from quickdraft.runtime.caches.cached_model import CachedModel
 from quickdraft.server.app import create_app
+from quickdraft.settings.options import RequestOptions
 from quickdraft.weights.loading import LoadedModel
 
 from conftest import noisy_copy, tiny_text_model

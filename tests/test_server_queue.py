@@ -13,10 +13,10 @@ import torch
 from test_server import NAME, NoEos, SlowSuffix, serve_on_loopback
 
 from quickdraft.engine import Engine
-from quickdraft.options import EngineConfig
 from quickdraft.server import ServeConfig
 from quickdraft.server.admission import MAX_BODY_BYTES, QUEUE_CAP, queue_size
 from quickdraft.server.app import create_app
+from quickdraft.settings.options import EngineConfig
 
 from conftest import tiny_text_model
 

@@ -11,7 +11,7 @@ from quickdraft.config import SamplingConfig
 from quickdraft.decoding.adaptive import CostStop
 from quickdraft.decoding.round import chain_nodes
 from quickdraft.drafters.draft_models.model_drafter import with_siblings
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 from quickdraft.verifiers.tree import follow_greedy
 
 from conftest import tiny_text_model

@@ -93,9 +93,9 @@ def test_type_checking_imports_count(tmp_path, monkeypatch):  # negative control
 # weights -> config -> the ground floor (host plumbing, errors, types).
 FLOORS = {
     "cli": 0,
-    "server": 1, "bench": 1, "training": 1, "export": 1, "flags": 1, "api": 1,
+    "server": 1, "bench": 1, "training": 1, "export": 1, "api": 1,
     "engine": 2,
-    "options": 3, "engine_config": 3, "defaults": 3,
+    "settings": 3,
     "decoding": 4,
     "drafters": 5, "models": 5,
     "costs": 6,
@@ -147,14 +147,16 @@ def test_every_surface_takes_its_names_from_the_registries():
     from quickdraft.bench.methods import KEYS
     from quickdraft.decoding.registry import METHODS
     from quickdraft.drafters import BUILDERS, KINDS
-    from quickdraft.options import OPTIONS
+    from quickdraft.settings.options import OPTIONS
 
     assert set(BUILDERS) == set(KINDS)
     assert set(METHODS) <= set(KEYS) and OPTIONS["method"].choices == tuple(METHODS)
     for method in METHODS.values():
         assert set(method.options) <= set(OPTIONS)
-    text = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "options.py")
-    assert "DraftConfig(" not in text.replace("class DraftConfig(", ""), "DraftConfig is built outside options.py"
+    text = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "settings/options.py")
+    assert "DraftConfig(" not in text.replace("class DraftConfig(", ""), (
+        "DraftConfig is built outside settings/options.py"
+    )
     assert "method ==" not in text, "a surface switches on a method name"
 
 

@@ -28,7 +28,7 @@ from quickdraft.drafters.model_free.suffix_trie import merge_scores, paths_to_tr
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.drafters.tree import TreeShape
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import options_from
+from quickdraft.settings.options import options_from
 
 from conftest import random_transition, tiny_llama
 from oracles import CONTROL_SHARE

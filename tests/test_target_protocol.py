@@ -119,14 +119,14 @@ def test_the_law_test_on_the_numpy_target_can_fail():
 
 def test_statistics_say_what_ran_alone_in_a_batch_and_in_server_metrics():
     from quickdraft import Engine
-    from quickdraft.options import options_from
     from quickdraft.server.protocol import spec_metrics
+    from quickdraft.settings.options import options_from
 
     loaded = tiny_llama(dtype=torch.float32)
     engine = Engine(loaded, options_from({"drafter": "ngram", "draft_length": 2}))
     want = {"method": "sd", "drafter": "ngram", "target": "tiny-0", "weights": "float32", "runtime": "native"}
     alone = engine.generate_ids([1, 2, 3, 1, 2], GREEDY, StopConfig(8)).stats
-    choice = "weights none: its own weights (a Hugging Face folder)"  # the one default left open (defaults.py)
+    choice = "weights none: its own weights (a Hugging Face folder)"  # the one default left open (settings/defaults.py)
     assert alone.ran == {**want, "device": "cpu", "choice": choice} and alone.to_dict()["ran"] == alone.ran
     batch = engine.generate_batch([[1, 2, 3], [4, 5, 4, 5]], GREEDY, StopConfig(8))
     assert all(r.stats.ran == alone.ran for r in batch)

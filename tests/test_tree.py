@@ -14,8 +14,8 @@ from quickdraft.decoding import round as tree_decoding  # the one round loop ver
 from quickdraft.decoding.vanilla import SpeculativeDecoder
 from quickdraft.drafters import ModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.tree import TreeShape, _draw_children, lookup_tree
-from quickdraft.options import options_from
 from quickdraft.sampling import residual, sample
+from quickdraft.settings.options import options_from
 from quickdraft.verifiers.tree import TokenTree, verify_tree_sampling
 
 from conftest import MarkovModel, random_transition, tiny_llama

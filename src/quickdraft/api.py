@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.engine import Engine
-from quickdraft.options import options_from, split_options
 from quickdraft.prompts import Prompt
+from quickdraft.settings.options import options_from, split_options
 from quickdraft.types import GenerationResult
 
 _LOADED: list[Engine] = []  # the one engine `generate()` keeps loaded between calls

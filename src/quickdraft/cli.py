@@ -11,8 +11,15 @@ import json
 import sys
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.flags import add_option_flags, given_options
-from quickdraft.options import ENGINE_OPTIONS, MODEL_OPTIONS, OPTIONS, REQUEST_OPTIONS, options_from, request_from
+from quickdraft.settings.flags import add_option_flags, given_options
+from quickdraft.settings.options import (
+    ENGINE_OPTIONS,
+    MODEL_OPTIONS,
+    OPTIONS,
+    REQUEST_OPTIONS,
+    options_from,
+    request_from,
+)
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:

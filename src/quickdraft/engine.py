@@ -1,7 +1,7 @@
 """Engine: a loaded target, its drafter and a decoder chosen from the method registry.
 
 The Engine holds state (the target's cache owner, the drafter, what a decoder started once) and
-runs requests; what to run comes from `EngineConfig` (options.py), how from
+runs requests; what to run comes from `EngineConfig` (settings/options.py), how from
 `decoding.registry.METHODS`, prompts go through `PromptCodec` (prompts.py).
 """
 
@@ -20,16 +20,16 @@ from quickdraft.decoding.collect import Collector, run_to_end
 from quickdraft.decoding.guard import DraftGuard
 from quickdraft.decoding.parts import DecodeParts, draft_cost, round_cost
 from quickdraft.decoding.registry import METHODS, auto_chain, draft_policy, pearl_gamma
-from quickdraft.defaults import resolve_drafter, resolve_weights
 from quickdraft.drafters import Drafter, make_drafter
 from quickdraft.drafters.base import FEATURES, bind_target
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.options import EngineConfig, RequestOptions, options_from, request_from
 from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention, resolve_device
 from quickdraft.runtime.forward.graphs import StaticBatchForward
 from quickdraft.runtime.target import Target, load_target
+from quickdraft.settings.defaults import resolve
+from quickdraft.settings.options import EngineConfig, RequestOptions, options_from, request_from
 from quickdraft.types import GenerationResult
 from quickdraft.weights.default import fixed_weights
 from quickdraft.weights.loading import LoadedModel, load_model
@@ -41,7 +41,7 @@ class Engine:
     Args:
         target: the loaded target.
         config: the options (`dtype` overrides config.dtype when given, for older callers); `quantize`
-            and `drafter` left at auto are resolved here (`defaults.py`), with their reasons in `choices`.
+            and `drafter` left at auto are resolved here (`settings/defaults.py`), with their reasons in `choices`.
         drafter: a ready drafter (default: built from config.drafter when the method drafts).
         suffix_cache: tokens of earlier requests' outputs the suffix stages keep (the server's; 0: none).
     """
@@ -67,17 +67,16 @@ class Engine:
         if target.model.device.type != self.device:  # the target (and what reads its weights) on the device
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
-        self.choices: dict[str, str] = {}  # what the defaults picked and why (defaults.py)
-        config = resolve_weights(config, target, self.device, self.choices)
-        built = load_target(target, config.runtime, config.quant)
+        # every auto resolved once (settings/defaults.py); `choices`: what the defaults picked and why
+        build = lambda c: load_target(target, c.runtime, c.quant)  # noqa: E731
+        uses = self.method.uses_drafter
+        config, built, self.choices = resolve(config, target, self.device, build, uses, drafter is None, suffix_cache)
         self.target: Target = built.target
         self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)
-        if self.method.uses_drafter:
-            config = resolve_drafter(config, target, self.target, drafter is None, suffix_cache, self.choices)
-            self.drafter = drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)
-        else:
-            self.drafter = None
+        self.drafter = (
+            (drafter or make_drafter(config.drafter_stages, target, config.dtype, config.runtime)) if uses else None
+        )
         self.config = config
         self.parts = DecodeParts(self.target, self.drafter, config, target.name)
 

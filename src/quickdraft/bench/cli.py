@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from quickdraft.flags import add_option_flags
+from quickdraft.settings.flags import add_option_flags
 
 QUICK = {"limit": 1, "max_new_tokens": 64, "runs": 2}
 DEFAULTS = {"limit": None, "max_new_tokens": 128, "runs": 3}
@@ -68,8 +68,8 @@ def add_bench_parser(sub, add_model_flags) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.runner import BenchConfig, run_bench
-    from quickdraft.flags import given_options
-    from quickdraft.options import options_from
+    from quickdraft.settings.flags import given_options
+    from quickdraft.settings.options import options_from
 
     model = options_from(given_options(args, ("target", "dtype", "threads", "runtime", "device", "quantize")))
     for key, value in QUICK.items():  # --quick fills what was not given; explicit flags win

@@ -34,7 +34,7 @@ from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters import KINDS, make_drafter, parse_drafter_spec
 from quickdraft.engine import Engine
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import OPTIONS, option_name, options_from, request_from
+from quickdraft.settings.options import OPTIONS, option_name, options_from, request_from
 from quickdraft.weights.loading import LoadedModel
 
 PEERS = {

@@ -49,7 +49,7 @@ def _guard_note(summary: dict) -> list[str]:
 
 
 def _choices_note(summary: dict) -> list[str]:
-    """What each method's defaults resolved to, and why (`defaults.py`)."""
+    """What each method's defaults resolved to, and why (`settings/defaults.py`)."""
     choices = summary.get("choices") or {}
     if not choices:
         return []

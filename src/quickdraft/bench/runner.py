@@ -25,10 +25,10 @@ from quickdraft.bench.metrics import summarize
 from quickdraft.bench.peers.child import PeerCrashed
 from quickdraft.bench.peers.gguf_peer import sized_for
 from quickdraft.bench.plan import _is_plain, _methods_with_ar, _sampled, _weights
-from quickdraft.defaults import AUTO, auto_weights
 from quickdraft.errors import QuickdraftError
 from quickdraft.host import machine_info
 from quickdraft.prompts import PromptCodec
+from quickdraft.settings.defaults import AUTO, auto_weights
 from quickdraft.weights.loading import LoadedModel, load_model
 
 QUICK_CATEGORIES_LIMIT = 1  # --quick: the first prompt of each of the 13 Spec-Bench categories
@@ -49,7 +49,7 @@ class BenchConfig:
     threads: int | None = None
     runtime: str = "auto"
     device: str = "auto"
-    quantize: str = AUTO  # the default weights of our methods (a method's own quantize= key wins; defaults.py)
+    quantize: str = AUTO  # the default weights of our methods (a method's own quantize= key wins; settings/defaults.py)
     batch: int | None = None  # also run each run's prompts as one continuous batch (0: max batch fitted)
     out: str = "bench-out"
     command: str = ""
@@ -156,7 +156,7 @@ def _run_bench(config: BenchConfig, target: LoadedModel | None, progress: bool, 
     if builds:
         summary["peer_builds"] = builds
     choices = {t: m.engine.choices for t, m in methods.items() if isinstance(m, QuickdraftMethod) and m.engine.choices}
-    if choices:  # what each default resolved to, and why (defaults.py)
+    if choices:  # what each default resolved to, and why (settings/defaults.py)
         summary["choices"] = choices
     graphs = {t: m.engine.graph_report() for t, m in methods.items() if isinstance(m, QuickdraftMethod)}
     if any(graphs.values()):  # captured at warm-up, outside the timing (issue #70)

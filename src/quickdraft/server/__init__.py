@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quickdraft.decoding.registry import METHODS
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import ENGINE_OPTIONS, EngineConfig, options_from
+from quickdraft.settings.options import ENGINE_OPTIONS, EngineConfig, options_from
 
 
 @dataclass

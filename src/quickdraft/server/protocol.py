@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.options import RequestOptions, request_from
+from quickdraft.settings.options import RequestOptions, request_from
 from quickdraft.types import GenerationResult, SpecStats
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.flags import add_option_flags
+from quickdraft.settings.flags import add_option_flags
 
 
 def add_distill_parsers(sub, add_model_flags) -> None:

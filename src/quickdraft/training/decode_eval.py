@@ -31,7 +31,7 @@ def decode_eval(
     the target's weights as the run reads them (`--quantize`; a caller holding that Quantized shares
     it with this engine, `quantize_model`)."""
     from quickdraft.engine import Engine  # the engine sits above the distill package's modules
-    from quickdraft.options import options_from
+    from quickdraft.settings.options import options_from
 
     draft = for_inference(copy.deepcopy(module).to(target.model.dtype))  # the copy drafts as a shipped module
     lm = HeadLM(

@@ -22,9 +22,9 @@ import torch
 
 from quickdraft.drafters.kinds import KINDS as DRAFTER_KINDS
 from quickdraft.errors import QuickdraftError
-from quickdraft.flags import add_option_flags
 from quickdraft.models.head_files import HEAD_META, save_draft_head
 from quickdraft.runtime.choose import resolve_device
+from quickdraft.settings.flags import add_option_flags
 from quickdraft.training.decode_eval import gain_meta, tree_gain
 from quickdraft.training.seqkd import read_seqkd, shuffled
 from quickdraft.training.student import rank_tokens
@@ -127,10 +127,10 @@ def export(folder: Path, module, head_ids: torch.Tensor | None, meta: dict) -> P
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
-    from quickdraft.defaults import AUTO, auto_weights
     from quickdraft.runtime.forward.native import NativeLlama
     from quickdraft.runtime.quant.modes import parse_quantize
     from quickdraft.runtime.quant.quantized import quantize_model
+    from quickdraft.settings.defaults import AUTO, auto_weights
     from quickdraft.training.train_run import TrainRun, summary
     from quickdraft.weights.loading import load_model
 

@@ -1,6 +1,6 @@
 """What an engine runs (`EngineConfig`) and what one request sets (`RequestOptions`): typed, validated
 once when built (the drafter and quantize specs parsed here, at the edge, into values that travel).
-`options.py` maps names, flags, YAML keys and bench keys onto them.
+`settings/options.py` maps names, flags, YAML keys and bench keys onto them.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from quickdraft.config import DTYPES, DraftConfig, SamplingConfig, StopConfig
 from quickdraft.decoding.pearl_logic import PearlConfig
 from quickdraft.decoding.registry import METHODS
-from quickdraft.defaults import AUTO
 from quickdraft.drafters.kinds import DrafterSpec
 from quickdraft.drafters.spec import parse_drafter_spec
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.choose import RUNTIMES, forces_reference, resolve_device
 from quickdraft.runtime.quant.modes import QuantSpec, parse_quantize
+from quickdraft.settings.defaults import AUTO
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """What an Engine runs and how it loads (defaults: speculative decoding with the drafter and the
-    weights `defaults.py` picks for the target and the host once it loads: the fastest lossless path
+    weights `settings/defaults.py` picks for the target and the host once it loads: the fastest lossless path
     measured, docs/benchmarks.md).
 
     Attributes:

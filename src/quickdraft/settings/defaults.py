@@ -102,6 +102,27 @@ def auto_drafter(target: LoadedModel, native_target, dtype: str, weights: str, r
     return Choice(fast, f"its draft {draft} (fast form) alone: no suffix budget pays on this host's verify curve")
 
 
+def resolve(config, target: LoadedModel, device: str, build, drafts: bool, build_drafter: bool, cache: int):
+    """Every option left at auto resolved, once, for an engine: the weights for `target` on `device`, then
+    (when the method `drafts`) the drafter, priced on the target `build(config)` makes from those weights.
+
+    Args:
+        config: the EngineConfig as asked.
+        build: resolved config -> the built target (`runtime.target.LoadedTarget`).
+        build_drafter: whether the engine builds its drafter (False: one was given, auto stays unresolved).
+        cache: tokens of earlier requests the suffix stages keep (the server's; 0: none).
+
+    Returns:
+        (the resolved config, the built target, {what: "VALUE: why"} for each default taken).
+    """
+    choices: dict[str, str] = {}
+    config = resolve_weights(config, target, device, choices)
+    built = build(config)
+    if drafts:
+        config = resolve_drafter(config, target, built.target, build_drafter, cache, choices)
+    return config, built, choices
+
+
 def resolve_weights(config, target: LoadedModel, device: str, choices: dict[str, str]):
     """`config` (an EngineConfig) with `quantize` auto resolved for `target` (the reason in `choices`)."""
     if config.quantize != AUTO:

@@ -1,6 +1,6 @@
 """The options model: how a generation runs, with one set of defaults, one validator, one parser.
 
-`EngineConfig` (`engine_config.py`) holds every choice that builds an engine (method, drafter spec,
+`EngineConfig` (`settings/engine_config.py`) holds every choice that builds an engine (method, drafter spec,
 draft policy, verifier, PEARL window, target, dtype, threads); its parts (`DraftConfig`,
 `PearlConfig`) validate themselves. `RequestOptions` holds what one request sets (sampling, stop
 strings, the token budget): those rows are marked per-request and never key, rebuild or reload an
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from quickdraft.config import DTYPES, SCHEDULES
 from quickdraft.decoding.registry import METHODS
 from quickdraft.drafters.kinds import help_text
-from quickdraft.engine_config import EngineConfig, RequestOptions
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime.choose import DEVICES, RUNTIMES
+from quickdraft.settings.engine_config import EngineConfig, RequestOptions
 
 
 def _bool(text: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from quickdraft.options import OPTIONS, int_or_auto
+from quickdraft.settings.options import OPTIONS, int_or_auto
 
 
 def add_option_flags(parser: argparse.ArgumentParser, names: Iterable[str], keep_defaults: bool = False) -> None:
