@@ -27,7 +27,7 @@ from quickdraft.prompts import Prompt, PromptCodec
 from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention, resolve_device
 from quickdraft.runtime.forward.graphs import StaticBatchForward
-from quickdraft.runtime.target import Target, load_target
+from quickdraft.runtime.target import Target
 from quickdraft.settings.defaults import resolve
 from quickdraft.settings.options import EngineConfig, RequestOptions, options_from, request_from
 from quickdraft.types import GenerationResult
@@ -68,9 +68,8 @@ class Engine:
             target.model.to(self.device)
         self.graphs = config.graphs == "on" or (config.graphs == "auto" and self.device == "cuda")
         # every auto resolved once (settings/defaults.py); `choices`: what the defaults picked and why
-        build = lambda c: load_target(target, c.runtime, c.quant)  # noqa: E731
         uses = self.method.uses_drafter
-        config, built, self.choices = resolve(config, target, self.device, build, uses, drafter is None, suffix_cache)
+        config, built, self.choices = resolve(config, target, self.device, uses, drafter is None, suffix_cache)
         self.target: Target = built.target
         self.quantized, self.info = built.quantized, built.info
         self.prompts = PromptCodec(target.tokenizer, self.target.vocab_size, self.target.max_length)

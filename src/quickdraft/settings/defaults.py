@@ -29,6 +29,7 @@ from quickdraft.runtime import kernels
 from quickdraft.runtime.choose import forces_reference, resolve_device
 from quickdraft.runtime.quant import formats
 from quickdraft.runtime.quant.gguf_tensors import gguf_types
+from quickdraft.runtime.target import load_target
 from quickdraft.weights.default import NAMED_TARGETS, fixed_weights
 from quickdraft.weights.loading import LoadedModel
 
@@ -102,13 +103,12 @@ def auto_drafter(target: LoadedModel, native_target, dtype: str, weights: str, r
     return Choice(fast, f"its draft {draft} (fast form) alone: no suffix budget pays on this host's verify curve")
 
 
-def resolve(config, target: LoadedModel, device: str, build, drafts: bool, build_drafter: bool, cache: int):
+def resolve(config, target: LoadedModel, device: str, drafts: bool, build_drafter: bool, cache: int):
     """Every option left at auto resolved, once, for an engine: the weights for `target` on `device`, then
-    (when the method `drafts`) the drafter, priced on the target `build(config)` makes from those weights.
+    (when the method `drafts`) the drafter, priced on the target built from those weights.
 
     Args:
         config: the EngineConfig as asked.
-        build: resolved config -> the built target (`runtime.target.LoadedTarget`).
         build_drafter: whether the engine builds its drafter (False: one was given, auto stays unresolved).
         cache: tokens of earlier requests the suffix stages keep (the server's; 0: none).
 
@@ -117,7 +117,7 @@ def resolve(config, target: LoadedModel, device: str, build, drafts: bool, build
     """
     choices: dict[str, str] = {}
     config = resolve_weights(config, target, device, choices)
-    built = build(config)
+    built = load_target(target, config.runtime, config.quant)
     if drafts:
         config = resolve_drafter(config, target, built.target, build_drafter, cache, choices)
     return config, built, choices
