@@ -23,6 +23,14 @@ class QuantLinear:
         """(..., in) -> (..., out) in x's dtype (float32 or bf16)."""
         return kernels.on_rows(self._kernel, x, self.shape[0], *self.stored())
 
+    @classmethod
+    def of_packed(cls, shape: tuple[int, int], packed: torch.Tensor, kernel):
+        """A linear of this form over bytes already in its kernel's layout (a GGUF's rows packed in one
+        pass, or packed parts joined): `shape` (out, in), called as `kernel(x, packed)`."""
+        self = cls.__new__(cls)
+        self.shape, self.packed, self._kernel = shape, packed, kernel
+        return self
+
     def stored(self) -> tuple[torch.Tensor, ...]:
         """The tensors the kernel reads on every call (what `nbytes` counts)."""
         return (self.packed,)
@@ -42,6 +50,13 @@ class QuantLinear:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.stored())
+
+
+def gguf_shape(raw: torch.Tensor, kind: str, block_bytes: int, block_weights: int = 256) -> tuple[int, int]:
+    """(out, in) of a GGUF tensor's rows as stored, (out, blocks x block_bytes) uint8, or a clear error."""
+    if raw.dim() != 2 or raw.shape[1] % block_bytes:
+        raise QuickdraftError(f"{kind} rows must be (out, super-blocks * {block_bytes}) bytes, not {tuple(raw.shape)}")
+    return raw.shape[0], raw.shape[1] // block_bytes * block_weights
 
 
 def fused_ops(what: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops, gguf_shape
 
 SUPER = 256  # inputs per d and dmin
 BLOCK = 32  # inputs per sc and mn
@@ -45,15 +45,8 @@ class Q4KLinear(QuantLinear):
         """The linear of a GGUF Q4_K tensor's rows as stored, (out, in / 256 * 144) uint8, packed in one pass
         (the same bytes as the constructor's from `formats.q4_k.q4_k_parts`)."""
         ops = _ops()
-        if raw.dim() != 2 or raw.shape[1] % 144:
-            raise QuickdraftError(f"Q4_K rows must be (out, super-blocks * 144) bytes, not {tuple(raw.shape)}")
-        return cls._of((raw.shape[0], raw.shape[1] // 144 * SUPER), ops.pack_q4k_gguf(raw.contiguous()), ops)
-
-    @classmethod
-    def _of(cls, shape: tuple[int, int], packed: torch.Tensor, ops) -> Q4KLinear:
-        self = cls.__new__(cls)
-        self.shape, self.packed, self._kernel = shape, packed, ops.linear_q4k
-        return self
+        shape = gguf_shape(raw, "Q4_K", 144, SUPER)
+        return cls.of_packed(shape, ops.pack_q4k_gguf(raw.contiguous()), ops.linear_q4k)
 
     def parts(self) -> tuple[torch.Tensor, ...]:
         """(codes, sc, mn, d, dmin) as the constructor takes them, unpacked from `packed` (nb, K/256, 2368)."""
@@ -92,6 +85,6 @@ def concat(parts: list[Q4KLinear]) -> Q4KLinear:
     each part fills whole tiles of 16 outputs, else packed again from their parts."""
     if all(p.shape[0] % 16 == 0 for p in parts):
         shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        return Q4KLinear._of(shape, torch.cat([p.packed for p in parts]), _ops())
+        return Q4KLinear.of_packed(shape, torch.cat([p.packed for p in parts]), _ops().linear_q4k)
     unpacked = [p.parts() for p in parts]
     return Q4KLinear(*(torch.cat([u[i] for u in unpacked]) for i in range(len(NAMES))))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops
+from quickdraft.runtime.quant.linear_base import QuantLinear, fused_ops, gguf_shape
 
 SUPER = 256  # inputs per d
 
@@ -44,12 +44,8 @@ class W6A8Linear(QuantLinear):
         """The linear of a GGUF Q6_K tensor's rows as stored, (out, in / 256 * 210) uint8, packed in one pass
         (the same bytes as the constructor's from `formats.q6_k.q6_k_blocks`)."""
         ops = _ops()
-        if raw.dim() != 2 or raw.shape[1] % 210:
-            raise QuickdraftError(f"Q6_K rows must be (out, super-blocks * 210) bytes, not {tuple(raw.shape)}")
-        self = cls.__new__(cls)
-        self.shape = (raw.shape[0], raw.shape[1] // 210 * SUPER)
-        self.packed, self._kernel = ops.pack_q6_gguf(raw.contiguous()), ops.linear_w6a8
-        return self
+        shape = gguf_shape(raw, "Q6_K", 210, SUPER)
+        return cls.of_packed(shape, ops.pack_q6_gguf(raw.contiguous()), ops.linear_w6a8)
 
     def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes (out, in) uint8, sc (out, in/16) int8, d (out, in/256) float), unpacked from `packed`."""
