@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.runtime.caches.batch_cache import BatchKVCache
+from quickdraft.runtime.caches.kv_cache import kv_bytes_per_token
 from quickdraft.runtime.caches.prefix_store import PrefixStore, default_budget
 from quickdraft.types import TargetOutput
 
@@ -65,6 +66,7 @@ class BatchedTarget:
         self._feature_ids: list[int] = []  # the ids whose rows `_features` holds
         self.static = None  # a runtime.graphs.StaticBatchForward, when the forward is static
         self.store = PrefixStore(default_budget() if store_bytes is None else store_bytes)
+        self._per_position = kv_bytes_per_token(single.model)  # a position's keys and values, every layer
 
     @property
     def rows(self) -> int:
@@ -72,8 +74,7 @@ class BatchedTarget:
 
     def row_bytes(self, positions: int) -> int:
         """Bytes a row of `positions` holds in the batch's KV cache (every layer's keys and values)."""
-        net = self.net
-        return positions * 2 * net.num_layers * net.kv_heads * net.head_dim * net.dtype.itemsize
+        return positions * self._per_position
 
     @property
     def max_batch(self) -> int:
