@@ -42,6 +42,7 @@ from quickdraft.decoding.round import Lane, RoundLoop
 from quickdraft.drafters.base import FEATURES, Drafter
 from quickdraft.runtime.caches.batched import BatchedTarget
 from quickdraft.runtime.choose import eager_attention
+from quickdraft.runtime.kernels.attention import invariant_prefill
 from quickdraft.types import Round
 from quickdraft.verifiers.tree import TokenTree
 
@@ -74,6 +75,7 @@ class _Row(Lane):
 
     key: Hashable
     collector: Collector
+    aligned: int = 0  # its prompt's positions prefilled in whole pieces (`prefix_store.reusable`)
 
 
 class BatchDecoder:
@@ -170,18 +172,21 @@ class BatchDecoder:
         """Prefill from the head of the queue: at most `prefill_chunk` prompt tokens a step, with rows
         running or none (a 1.5B prefills 128 tokens in about 2 s on a 2-core AVX2 host), so a step never
         runs long: the caller can cancel a long prompt, or admit another request, between chunks (the
-        server's loop does)."""
+        server's loop does). A prompt is prefilled in pieces ending at multiples of `prefill_chunk`
+        (`piece`), with row-invariant attention (`invariant_prefill`): its rows' bits never depend on
+        what else the step prefills, nor on the prefix it took from an earlier request."""
         updates: list[BatchUpdate] = []
-        budget = self.prefill_chunk
+        budget, chunk = self.prefill_chunk, self.prefill_chunk
         while self.waiting and len(self.rows) < self.target.max_batch and budget > 0:
             job = self.waiting[0]
             start = time.perf_counter()
             if not job.started:  # a prefix shared with the previous prompt is kept, not recomputed
-                job.done = job.cached = self.target.prefill_start(job.prompt)
+                job.done = job.cached = self.target.prefill_start(job.prompt, chunk)
                 job.started = True
-            left = len(job.prompt) - job.done
-            size = min(budget, left)
-            with eager_attention():
+            size = piece(job.done, len(job.prompt), chunk)
+            if size > budget:  # the rest of this step's budget: the piece waits for the next step
+                break
+            with eager_attention(), invariant_prefill():
                 logits = self.target.prefill(job.prompt[job.done : job.done + size])
             job.done += size
             job.prefill_s += time.perf_counter() - start
@@ -207,6 +212,7 @@ class BatchDecoder:
         collector.stats.cached_prompt_tokens = job.cached
         reads = (FEATURES,) if self.reads_features else ()
         row = _Row(job.prompt + [token], job.sampling, gens, drafter, reads, job.key, collector)
+        row.aligned = len(job.prompt) // self.prefill_chunk * self.prefill_chunk
         collector.held = lambda: self.target.row_bytes(len(row.context) - 1) + (drafter.kv_bytes() if drafter else 0)
         self.rows.append(row)
         kept = collector.feed(Round([token], verify_s=job.prefill_s))
@@ -254,10 +260,16 @@ class BatchDecoder:
         row = self.rows[i]
         if row.drafter is not None:
             row.drafter.end()
-        self.target.keep(i, row.context)
+        self.target.keep(i, row.context, row.aligned)
         self.target.remove(i)
         self.rows[i] = self.rows[-1]
         self.rows.pop()
+
+
+def piece(done: int, length: int, chunk: int) -> int:
+    """The next prefill piece of a prompt of `length` tokens with `done` prefilled: up to the next
+    multiple of `chunk`, so every prompt's pieces are the same whatever it took from others."""
+    return min(length - done, chunk - done % chunk)
 
 
 def run_batch(decoder: BatchDecoder, jobs: Sequence[tuple[Sequence[int], SamplingConfig, StopConfig]]) -> list:

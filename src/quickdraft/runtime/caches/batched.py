@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.runtime import kernels
 from quickdraft.runtime.caches.batch_cache import BatchKVCache
 from quickdraft.runtime.caches.kv_cache import kv_bytes_per_token
-from quickdraft.runtime.caches.prefix_store import PrefixStore, default_budget
+from quickdraft.runtime.caches.prefix_store import PrefixStore, default_budget, reusable
+from quickdraft.runtime.kernels import attention
 from quickdraft.types import TargetOutput
 
 
@@ -87,29 +89,41 @@ class BatchedTarget:
     def lengths(self) -> list[int]:
         return list(self.cache.lengths)
 
-    def prefill_start(self, prompt: Sequence[int]) -> int:
+    def prefill_start(self, prompt: Sequence[int], chunk: int = 128) -> int:
         """Begin prefilling `prompt` in the prefill cache, keeping the longest prefix it shares with
         what that cache holds (the previous prompt: a chat template's system prompt, say) or with a
         finished row's kept sequence (`keep`: a chat's earlier turns and answers); at most all but the
-        prompt's last token; with `keep_features`, rows whose features are kept too. Returns how many
-        tokens were kept (they need no forward)."""
+        prompt's last token, and only what leaves the rest of its prefill, in pieces ending at multiples
+        of `chunk`, the bits of its own (`prefix_store.reusable`); with `keep_features`, rows whose
+        features are kept too. Returns how many tokens were kept (they need no forward)."""
         held, limit, kept = self.single.tokens, min(len(self.single.tokens), len(prompt) - 1), 0
         featured = self._feature_ids if self.keep_features else held  # features kept for these rows
         limit = min(limit, len(featured))
         while kept < limit and held[kept] == prompt[kept] and featured[kept] == prompt[kept]:
             kept += 1
-        hit = None if self.keep_features else self.store.best(prompt, beat=kept)  # features are not kept there
+        until = self.invariant_until(chunk)
+        kept = reusable(kept, len(held) // chunk * chunk, chunk, until)  # the held prompt: its own pieces
+        cap = lambda entry, n: reusable(n, entry.aligned, chunk, until)  # noqa: E731
+        hit = None if self.keep_features else self.store.best(prompt, beat=kept, cap=cap)  # no features there
         if hit is not None:  # a finished conversation's rows, answers included
             entry, kept = hit
             self.single.restore(entry.tokens[:kept], entry.k[:, :, :kept], entry.v[:, :, :kept])
         self.single.rollback(kept)
         return kept
 
-    def keep(self, row: int, context: Sequence[int]) -> None:
-        """Keep a leaving row's cached positions (its `context`'s first ones) for a prompt that comes back."""
+    def invariant_until(self, chunk: int) -> int:
+        """Positions up to which a prefill's attention is row-invariant within `invariant_prefill` (the
+        fused kernels run this target), in whole pieces of `chunk`; 0 where nothing is."""
+        net = self.net
+        fused = net.device.type == "cpu" and net.dtype in (torch.bfloat16, torch.float32, torch.float64)
+        return attention.KERNEL_CONTEXT // chunk * chunk if fused and kernels.fused_ops() is not None else 0
+
+    def keep(self, row: int, context: Sequence[int], aligned: int | None = None) -> None:
+        """Keep a leaving row's cached positions (its `context`'s first ones) for a prompt that comes back;
+        `aligned`: its first positions prefilled in whole pieces (`prefix_store.reusable`)."""
         n = min(self.cache.lengths[row], len(context))
         if self.store.budget > 0 and n > 0:
-            self.store.put(context[:n], self.cache.k[:, row, :, :n], self.cache.v[:, row, :, :n])
+            self.store.put(context[:n], self.cache.k[:, row, :, :n], self.cache.v[:, row, :, :n], aligned)
 
     def prefill(self, tokens: Sequence[int], first: bool = False) -> torch.Tensor:
         """Run a prompt chunk through the prefill cache after what it holds (`first`: from an empty

@@ -28,6 +28,7 @@ from quickdraft.runtime.caches.static_cache import KVCache
 from quickdraft.runtime.forward.block_parts import LLAMA, BlockStyle, capped_attention, gemma_norm, rms_norm, rotate
 from quickdraft.runtime.kernels import block_ops
 from quickdraft.runtime.kernels.attention import ATTEND_ROWS, attend, long_attention
+from quickdraft.runtime.kernels.batch_attention import attend_batch
 from quickdraft.runtime.kernels.linear import apply_rows
 
 
@@ -260,20 +261,29 @@ class Block:
 
     def _fused_batch_forward(self, x, cos, sin, cache: BatchKVCache, layer: int, starts, mask) -> torch.Tensor:
         """`forward` over a batch's (B, T, H) rows with the fused kernels: the norms, linears and
-        activations over all B x T rows at once, RoPE, the cache write and attention row by row, each
-        over its own cache row under its mask ((B, 1, T, span)). Every kernel is batch-invariant, so a
-        row's outputs are the same bits as the same rows decoded alone (`_fused_forward`)."""
+        activations over all B x T rows at once, RoPE, the cache write and attention of every row over
+        its own cache row under its mask ((B, 1, T, span)) in one call (`attend_batch`; a scaled query,
+        Gemma's, row by row). Every kernel is batch-invariant, so a row's outputs are the same bits as
+        the same rows decoded alone (`_fused_forward`)."""
         b, t, hidden = x.shape
-        at = [int(a) for a in starts.tolist()]
+        if self.q_scale == 1.0:
 
-        def attend_rows(y, cos_rows, sin_rows):
-            return torch.cat([
-                self._attend(
-                    cache.k[layer, i], cache.v[layer, i], at[i], mask[i, 0, :, : at[i] + t],
-                    y[i * t : (i + 1) * t], cos_rows[i * t : (i + 1) * t], sin_rows[i * t : (i + 1) * t],
-                )
-                for i in range(b)
-            ])  # fmt: skip
+            def attend_rows(y, cos_rows, sin_rows):
+                k, v, m = cache.k[layer], cache.v[layer], mask[:, 0].contiguous()
+                cos_rows, sin_rows = cos_rows.contiguous(), sin_rows.contiguous()
+                return attend_batch(y, cos_rows, sin_rows, k, v, starts, m, self.heads, self.kv_heads)
+
+        else:
+            at = [int(a) for a in starts.tolist()]
+
+            def attend_rows(y, cos_rows, sin_rows):
+                return torch.cat([
+                    self._attend(
+                        cache.k[layer, i], cache.v[layer, i], at[i], mask[i, 0, :, : at[i] + t],
+                        y[i * t : (i + 1) * t], cos_rows[i * t : (i + 1) * t], sin_rows[i * t : (i + 1) * t],
+                    )
+                    for i in range(b)
+                ])  # fmt: skip
 
         flat = self._fused_forward(
             x.reshape(b * t, hidden), cos.reshape(b * t, -1), sin.reshape(b * t, -1), attend_rows

@@ -181,6 +181,47 @@ bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, c
 }
 #endif
 
+// ---- the generic path, one (query row, head) at a time ---------------------------------------------------
+template <typename acc_t>
+struct AttendScratch {  // a thread's buffers, for rows of up to `keys` keys
+  std::vector<acc_t> p, keep, qf, acc;
+  AttendScratch(int64_t keys, int64_t d) : p((keys + 7) / 8 * 8), keep((keys + 7) / 8 * 8), qf(d), acc(d) {}
+};
+
+// One query row qr (d) of one head over the first `length` keys and values kb, vb ((length, d) rows of its kv
+// head), under mrow (length bools; nullptr: all seen) -> o (d). attend's and attend_batch's (batch_attention.h).
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+void attend_one(const scalar_t* qr, const scalar_t* kb, const scalar_t* vb, const bool* mrow, scalar_t* o,
+                int64_t length, int64_t d, double scale, AttendScratch<acc_t>& w) {
+  const int64_t padded8 = (length + 7) / 8 * 8;
+  for (int64_t i = 0; i < d; ++i) w.qf[i] = static_cast<acc_t>(qr[i]) * static_cast<acc_t>(scale);
+  for (int64_t j = 0; j < length; ++j) {
+    const scalar_t* kr = kb + j * d;
+    acc_t s = 0;
+    for (int64_t i = 0; i < d; ++i) s += w.qf[i] * static_cast<acc_t>(kr[i]);
+    w.p[j] = s;
+    w.keep[j] = (mrow && !mrow[j]) ? acc_t(0) : acc_t(1);
+  }
+  acc_t best = -std::numeric_limits<acc_t>::infinity();
+  for (int64_t j = 0; j < length; ++j) best = w.keep[j] != 0 ? std::max(best, w.p[j]) : best;
+  // in fixed blocks of 8 keys (padded with masked ones): every key goes through the same code
+  // whatever `length` is (a vectorized loop over `length` takes its tail keys another way)
+  for (int64_t j0 = 0; j0 < padded8; j0 += 8)
+    for (int jj = 0; jj < 8; ++jj) w.p[j0 + jj] = fast_exp(w.p[j0 + jj] - best) * w.keep[j0 + jj];  // masked: 0
+  // Sums in key order, one key at a time (the vectorized loop runs over the head dimension): a row's
+  // result does not depend on how many keys or other rows the call holds (masked keys add zeros),
+  // so a row verified among others equals the same row decoded alone, bit for bit.
+  acc_t total = 0;
+  std::fill(w.acc.begin(), w.acc.end(), acc_t(0));
+  for (int64_t j = 0; j < length; ++j) {
+    const scalar_t* vr = vb + j * d;
+    const acc_t e = w.p[j];
+    total += e;
+    for (int64_t i = 0; i < d; ++i) w.acc[i] += e * static_cast<acc_t>(vr[i]);
+  }
+  for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(w.acc[i] / total);
+}
+
 // q: (T, heads, d); k_cache, v_cache: (kv, capacity, d); the first `length` positions are attended to,
 // under mask (T, length) bool when given (None: every row sees all). Returns (T, heads * d).
 Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t length,
@@ -225,40 +266,11 @@ Tensor attend(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int
 #endif
     const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, length * d));
     at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> p((length + 7) / 8 * 8, acc_t(0)), keep((length + 7) / 8 * 8, acc_t(0)), qf(d), acc(d);
+      AttendScratch<acc_t> scratch(length, d);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = task / heads, h = task % heads, g = h / group, length = lengths[t];
-        const int64_t padded8 = (length + 7) / 8 * 8;
-        const scalar_t* qr = Qp + (t * heads + h) * d;
-        for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<acc_t>(qr[i]) * static_cast<acc_t>(scale);
-        const scalar_t* kb = Kp + g * cap * d;
-        const scalar_t* vb = Vp + g * cap * d;
-        for (int64_t j = 0; j < length; ++j) {
-          const scalar_t* kr = kb + j * d;
-          acc_t s = 0;
-          for (int64_t i = 0; i < d; ++i) s += qf[i] * static_cast<acc_t>(kr[i]);
-          p[j] = s;
-          keep[j] = (M && !M[t * stride + j]) ? acc_t(0) : acc_t(1);
-        }
-        acc_t best = -std::numeric_limits<acc_t>::infinity();
-        for (int64_t j = 0; j < length; ++j) best = keep[j] != 0 ? std::max(best, p[j]) : best;
-        // in fixed blocks of 8 keys (padded with masked ones): every key goes through the same code
-        // whatever `length` is (a vectorized loop over `length` takes its tail keys another way)
-        for (int64_t j0 = 0; j0 < padded8; j0 += 8)
-          for (int jj = 0; jj < 8; ++jj) p[j0 + jj] = fast_exp(p[j0 + jj] - best) * keep[j0 + jj];  // masked: 0
-        // Sums in key order, one key at a time (the vectorized loop runs over the head dimension): a row's
-        // result does not depend on how many keys or other rows the call holds (masked keys add zeros),
-        // so a row verified among others equals the same row decoded alone, bit for bit.
-        acc_t total = 0;
-        std::fill(acc.begin(), acc.end(), acc_t(0));
-        for (int64_t j = 0; j < length; ++j) {
-          const scalar_t* vr = vb + j * d;
-          const acc_t e = p[j];
-          total += e;
-          for (int64_t i = 0; i < d; ++i) acc[i] += e * static_cast<acc_t>(vr[i]);
-        }
-        scalar_t* o = O + t * heads * d + h * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = static_cast<scalar_t>(acc[i] / total);
+        const int64_t t = task / heads, h = task % heads, g = h / group;
+        attend_one<scalar_t>(Qp + (t * heads + h) * d, Kp + g * cap * d, Vp + g * cap * d, M ? M + t * stride : nullptr,
+                             O + (t * heads + h) * d, lengths[t], d, scale, scratch);
       }
     });
   });

@@ -12,7 +12,9 @@ one kv head), so a verify at a long context does not stream the cache once per r
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 
@@ -31,6 +33,24 @@ def attend(
 
 
 KERNEL_CONTEXT = 2048  # keys: the longest context a prefill's rows attend through the kernel
+_invariant = threading.local()  # `invariant_prefill` on in this thread
+
+
+@contextlib.contextmanager
+def invariant_prefill():
+    """Within it (this thread), every prefill row up to KERNEL_CONTEXT keys attends through the kernel on
+    every host, where `long_attention` alone would take SDPA (an AMX host; an AVX2 one): a row is then the
+    same bits whatever piece of the prompt it is prefilled in. The batched path's prefills need it: their
+    pieces, and the prefixes they take from other requests, depend on what else the server runs, and
+    SDPA's sums depend on the piece (greedy answers changed with the load: docs/performance.md, "Many
+    clients"). What runs beyond KERNEL_CONTEXT stays SDPA's: `caches/prefix_store.reusable` says what a
+    prefill may take there."""
+    before = getattr(_invariant, "on", False)
+    _invariant.on = True
+    try:
+        yield
+    finally:
+        _invariant.on = before
 
 
 def long_attention(dtype: torch.dtype, head_dim: int, context: int) -> bool:
@@ -40,7 +60,9 @@ def long_attention(dtype: torch.dtype, head_dim: int, context: int) -> bool:
     attention", scripts/attention_costs.py): on AVX-512 without AMX the kernel beat SDPA over a few
     hundred causal rows; with AMX, SDPA's bf16 tiles won at every prefill length; past a chunk's keys
     SDPA won even in float32, where it has no AMX, so the kernel stops there everywhere. Within its range
-    a prefill row is the same bits as the row decoded alone."""
+    a prefill row is the same bits as the row decoded alone (on every host within `invariant_prefill`)."""
+    if context <= KERNEL_CONTEXT and getattr(_invariant, "on", False):
+        return True
     vector = dtype in (torch.bfloat16, torch.float32) and head_dim in (64, 128, 256) and _vector_attention()
     return vector and context <= KERNEL_CONTEXT
 

@@ -54,9 +54,29 @@ std::vector<Tensor> add_rms_norm(const Tensor& x, const c10::optional<Tensor>& h
   return {sum, out};
 }
 
+// One fused q|k|v row at cache position `pos`: q and k rotated (x cos + rotate_half(x) sin), q into Q (heads,
+// d), k and v into a layer's (kv, cap, d) caches K, V. rope_store's and attend_batch's (batch_attention.h).
+template <typename scalar_t>
+void rope_row(const scalar_t* row, const scalar_t* c, const scalar_t* s, scalar_t* Q, scalar_t* K, scalar_t* V,
+              int64_t cap, int64_t pos, int64_t heads, int64_t kv_heads, int64_t d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t half = d / 2;
+  for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
+    const scalar_t* x = row + hd * d;
+    scalar_t* dst = hd < heads ? Q + hd * d : K + ((hd - heads) * cap + pos) * d;
+    for (int64_t i = 0; i < d; ++i) {
+      acc_t rot = i < half ? -static_cast<acc_t>(x[i + half]) : static_cast<acc_t>(x[i - half]);
+      dst[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) * static_cast<acc_t>(c[i]) + rot * static_cast<acc_t>(s[i]));
+    }
+  }
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    const scalar_t* x = row + (heads + kv_heads + g) * d;
+    std::copy(x, x + d, V + (g * cap + pos) * d);
+  }
+}
+
 // y: (T, (heads + 2 kv) d) fused q|k|v rows; cos, sin: (T, d); k_cache, v_cache: (kv, capacity, d) of one
-// layer. Rotates q and k (x cos + rotate_half(x) sin), writes k and v at positions at..at+T, returns q
-// as (T, heads, d).
+// layer. Rotates q and k, writes k and v at positions at..at+T (`rope_row`), returns q as (T, heads, d).
 Tensor rope_store(const Tensor& y, const Tensor& cos, const Tensor& sin, Tensor k_cache, Tensor v_cache, int64_t at,
                   int64_t heads, int64_t kv_heads) {
   check_input(y, "rope_store: y", y.scalar_type(), 2);
@@ -64,7 +84,7 @@ Tensor rope_store(const Tensor& y, const Tensor& cos, const Tensor& sin, Tensor 
   check_input(sin, "rope_store: sin", y.scalar_type(), 2);
   check_input(k_cache, "rope_store: k_cache", y.scalar_type(), 3);
   check_input(v_cache, "rope_store: v_cache", y.scalar_type(), 3);
-  const int64_t T = y.size(0), d = cos.size(1), half = d / 2;
+  const int64_t T = y.size(0), d = cos.size(1);
   TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "rope_store: heads ", heads, ", kv heads ", kv_heads);
   TORCH_CHECK(d > 0 && d % 2 == 0 && cos.size(0) == T && sin.sizes() == cos.sizes(), "rope_store: cos, sin (T, d)");
   TORCH_CHECK(y.size(1) == (heads + 2 * kv_heads) * d, "rope_store: qkv width");
@@ -72,34 +92,12 @@ Tensor rope_store(const Tensor& y, const Tensor& cos, const Tensor& sin, Tensor 
               "rope_store: caches (kv heads, capacity, d)");
   TORCH_CHECK(at >= 0 && at + T <= k_cache.size(1), "rope_store: positions ", at, "..", at + T, " beyond the cache");
   Tensor q = at::empty({T, heads, d}, y.options());
-  const int64_t cap = k_cache.size(1);
+  const int64_t cap = k_cache.size(1), width = (heads + 2 * kv_heads) * d;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, y.scalar_type(), "rope_store", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* Y = y.data_ptr<scalar_t>();
-    const scalar_t* C = cos.data_ptr<scalar_t>();
-    const scalar_t* S = sin.data_ptr<scalar_t>();
-    scalar_t* Q = q.data_ptr<scalar_t>();
-    scalar_t* K = k_cache.data_ptr<scalar_t>();
-    scalar_t* V = v_cache.data_ptr<scalar_t>();
-    const int64_t width = (heads + 2 * kv_heads) * d;
-    for (int64_t t = 0; t < T; ++t) {
-      const scalar_t* row = Y + t * width;
-      const scalar_t* c = C + t * d;
-      const scalar_t* s = S + t * d;
-      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
-        const scalar_t* x = row + hd * d;
-        scalar_t* dst = hd < heads ? Q + (t * heads + hd) * d : K + ((hd - heads) * cap + at + t) * d;
-        for (int64_t i = 0; i < d; ++i) {
-          acc_t rot = i < half ? -static_cast<acc_t>(x[i + half]) : static_cast<acc_t>(x[i - half]);
-          dst[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) * static_cast<acc_t>(c[i]) +
-                                         rot * static_cast<acc_t>(s[i]));
-        }
-      }
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        const scalar_t* x = row + (heads + kv_heads + g) * d;
-        std::copy(x, x + d, V + (g * cap + at + t) * d);
-      }
-    }
+    const scalar_t *Y = y.data_ptr<scalar_t>(), *C = cos.data_ptr<scalar_t>(), *S = sin.data_ptr<scalar_t>();
+    scalar_t *Q = q.data_ptr<scalar_t>(), *K = k_cache.data_ptr<scalar_t>(), *V = v_cache.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < T; ++t)
+      rope_row<scalar_t>(Y + t * width, C + t * d, S + t * d, Q + t * heads * d, K, V, cap, at + t, heads, kv_heads, d);
   });
   return q;
 }

@@ -2,6 +2,7 @@
 // translation unit of self-contained parts (common.h: the shared ground), each named as the Python file that calls it:
 //   block_ops.h     add_rms_norm, rope_store, silu_mul, gelu_tanh_mul       (runtime/forward/llama_block.py)
 //   attention.h     attend                                                  (runtime/forward/llama_block.py)
+//   batch_attention.h  attend_batch: RoPE, cache writes, attention of a batch  (runtime/kernels/batch_attention.py)
 //   linear.h        pack_bf16, linear_packed                                (runtime/kernels/linear.py)
 //   int8_dots.h     the int8 tiles' shared ground: stores, row dispatch, each level's dot products
 //   int8_rows.h     the int8-activation linears' rows: their quantization
@@ -24,6 +25,7 @@
 // read out of bounds.
 #include "block_ops.h"
 #include "attention.h"
+#include "batch_attention.h"
 #include "linear.h"
 #include "int8_rows.h"
 #include "w8a8.h"
@@ -39,6 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, kFree, "optional residual add, then RMSNorm (HF's arithmetic)");
   m.def("rope_store", &rope_store, kFree, "RoPE on q and k of fused qkv rows; k, v written to the layer's cache");
   m.def("attend", &attend, kFree, "attention of T rows over the first L cached positions (GQA, optional mask)");
+  m.def("attend_batch", &attend_batch, kFree, "rope_store and attend for each sequence of a batch, over its own cache row");
   m.def("silu_mul", &silu_mul, kFree, "silu(gate) * up over fused gate|up rows");
   m.def("gelu_tanh_mul", &gelu_tanh_mul, kFree, "gelu_tanh(gate) * up over fused gate|up rows (GeGLU)");
   m.def("pack_bf16", &pack_bf16, kFree, "a (N, K) bf16 weight in linear_packed's layout (N/16, K/2, 16, 2)");
