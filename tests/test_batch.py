@@ -425,3 +425,67 @@ def test_the_batched_forward_runs_the_kernels_batch_invariantly_in_bf16():
     got = run_batch(dec, [(p, GREEDY, StopConfig(n)) for p, n in zip(prompts, lengths, strict=True)])
     assert [c.tokens for c in got] == [_alone(bf16, p, n) for p, n in zip(prompts, lengths, strict=True)]
     assert sum(c.stats.num_accepted_draft_tokens for c in got) > 0  # speculation happened
+
+
+class _ClockedBatch:
+    """A stand-in BatchedTarget whose forward of b rows of width w advances a fake clock by cost(b, w)."""
+
+    def __init__(self, cost, clock: list[float]) -> None:
+        self.cost, self.clock, self.rows, self.max_length, self.vocab_size = cost, clock, 0, 4096, 100
+        self.cache = type("Cache", (), {"lengths": []})()
+
+    def prefill(self, tokens, first=False):
+        pass
+
+    def adopt(self):
+        self.rows += 1
+        self.cache.lengths.append(200)
+
+    def forward(self, blocks):
+        self.clock[0] += self.cost(len(blocks), len(blocks[0].tokens))
+
+    def remove(self, row):
+        self.rows -= 1
+        self.cache.lengths.pop()
+
+
+def _measured_on(cost, monkeypatch) -> set[tuple[int, int]]:
+    from quickdraft.costs import batch_costs
+
+    clock = [0.0]
+    monkeypatch.setattr(batch_costs.time, "perf_counter", lambda: clock[0])
+    return set(measure_batch_costs(_ClockedBatch(cost, clock), repeats=1))
+
+
+def test_wide_batches_are_measured_only_while_batching_still_pays(monkeypatch):
+    """Sizes past 16 only while the size before made plain rows GROWTH times faster; wide batches at
+    widths up to 5 only. Control: a host where batching is nearly free measures up to 64 rows."""
+    compute_bound = _measured_on(lambda b, w: float(b * w), monkeypatch)  # every row costs a step
+    assert max(b for b, _ in compute_bound) == 16
+    cheap = _measured_on(lambda b, w: 1.0 + 0.01 * b * w, monkeypatch)
+    assert max(b for b, _ in cheap) == 64 and {w for b, w in cheap if b >= 32} == {1, 2, 5}
+
+
+def test_a_lone_row_takes_the_one_sequence_forward_with_the_batch_bits():
+    """A batch of one row runs the one-sequence forward over its cache row (`forward_lone`): the same
+    bits as the batched layers, for a chain and a tree. Control: a row whose mask hides a context key
+    gives other bits (the comparison can fail)."""
+    from quickdraft.runtime import kernels
+    from quickdraft.runtime.caches.batched import block_inputs
+
+    if kernels.fused_ops() is None:
+        pytest.skip("no fused kernels on this host")
+    bt = BatchedTarget(NativeCachedModel(tiny_llama(vocab=48, layers=2, seed=5, dtype=torch.bfloat16).model), 2)
+    bt.prefill(list(range(3, 40)), first=True)
+    bt.adopt()
+    net = bt.net
+    tree = TokenTree([25, 26, 27], [-1, -1, 1])
+    for block in (RowBlock([4, 5, 6]), RowBlock([8, *tree.tokens], [0, *tree.depths], tree.mask())):
+        width = len(block.tokens)
+        bt.cache.begin(width)
+        ids, positions, mask, _ = block_inputs([block], torch.tensor(bt.cache.lengths), width, bt.cache.span)
+        batched = net.forward_batch(bt.cache, ids, positions, mask)
+        assert torch.equal(net.forward_lone(bt.cache, ids, positions, mask), batched)
+        hidden = mask.clone()
+        hidden[0, :, 5] = False
+        assert not torch.equal(net.forward_lone(bt.cache, ids, positions, hidden), batched)

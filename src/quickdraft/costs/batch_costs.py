@@ -16,15 +16,19 @@ import time
 
 from quickdraft.costs.cost_curve import _persisted, host_key, relative_cost
 
-BATCHES = (1, 2, 4, 8, 16)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
 WIDTHS = (1, 2, 5, 9, 17)  # budget + 1 for the budgets of the gain tables (1, 4, 8, 16)
+WIDE = 32  # from this batch on, widths up to 5 only (a wide block at a wide batch is compute-bound: no budget pays)
+GROWTH = 1.1  # a batch size is measured while the one before it made plain rows this much faster
 Surface = dict[tuple[int, int], float]
 
 
 def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 200, repeats: int = 3) -> Surface:
     """{(rows, width): median seconds of a batched forward / that of (1, 1)}, every row after
-    `context` cached tokens. target: a `models.batched.BatchedTarget` with no running rows and
-    max_batch >= max(batches); it has none running afterwards either."""
+    `context` cached tokens; batch sizes from the smallest up, a size past 16 only while the size before
+    it still made plain rows GROWTH times faster (a 1.5B stops at 16 rows; the 135M goes on). target: a
+    `models.batched.BatchedTarget` with no running rows and max_batch >= max(batches); it has none
+    running afterwards either."""
     if target.rows:
         raise ValueError("measure_batch_costs: the batch is running")
     from quickdraft.runtime.caches.batched import RowBlock
@@ -35,19 +39,27 @@ def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 2
     for _ in range(max(batches)):
         target.adopt()
     lengths = list(target.cache.lengths)
-    times: dict[tuple[int, int], list[float]] = {(b, w): [] for b in batches for w in widths}
-    for _ in range(repeats + 1):
-        for b in batches:
-            for w in widths:
+    times: dict[tuple[int, int], list[float]] = {}
+    for i, b in enumerate(batches):
+        ws = [w for w in widths if b < WIDE or w <= 5]
+        for _ in range(repeats + 1):
+            for w in ws:
                 target.cache.lengths = lengths[:b]  # the first b rows run; nothing is committed
                 start = time.perf_counter()
                 target.forward([RowBlock(probe[:w]) for _ in range(b)])
-                times[(b, w)].append(time.perf_counter() - start)
+                times.setdefault((b, w), []).append(time.perf_counter() - start)
+        if b >= 16 and i and plain_rate(times, b) < GROWTH * plain_rate(times, batches[i - 1]):
+            break
     target.cache.lengths = lengths
     while target.rows:
         target.remove(target.rows - 1)
     base = statistics.median(times[(batches[0], widths[0])][1:])  # the first pass warms up
     return {key: statistics.median(t[1:]) / base for key, t in times.items()}
+
+
+def plain_rate(times: dict[tuple[int, int], list[float]], b: int) -> float:
+    """Rows a second of b plain rows (width 1), from their timed forwards (the first a warm-up)."""
+    return b / statistics.median(times[(b, 1)][1:])
 
 
 def batch_cost_surface(make_target, model_name: str, dtype: str, persist: bool, weights: str = "none") -> Surface:
@@ -93,7 +105,7 @@ def plan_budgets(surface: Surface, gain: dict[int, float] | None, fixed: int | N
     return plan
 
 
-def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float] | None, growth: float = 1.1) -> int:
+def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float] | None, growth: float = GROWTH) -> int:
     """The default batch size: the largest measured B (from the smallest up) while the aggregate
     token rate (both at their planned budgets) still grows by `growth` per measured size. Under a
     load of more requests than rows the others wait, so the batch that makes the most tokens per

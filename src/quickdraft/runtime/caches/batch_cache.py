@@ -57,6 +57,10 @@ class BatchKVCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    def row(self, row: int) -> KVCache:
+        """Row `row`'s keys and values as a one-sequence cache (views: this cache stays their owner)."""
+        return KVCache.over(self.k[:, row], self.v[:, row], self.lengths[row])
+
     def ensure(self, length: int) -> None:
         """Room for `length` positions in every row."""
         if length > self.capacity:

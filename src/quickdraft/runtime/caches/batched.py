@@ -183,7 +183,10 @@ class BatchedTarget:
         dev = self.net.device
         lengths = torch.tensor(self.cache.lengths, dtype=torch.long)  # the starts, read on the host
         ids, positions, mask, valid = block_inputs(blocks, lengths, width, self.cache.span)
-        x = self.net.forward_batch(self.cache, ids.to(dev), positions.to(dev), mask)
+        lone = len(blocks) == 1 and kernels.usable(self.net.embed)  # a lone row: one C++ call, where it runs
+        x = (self.net.forward_lone if lone else self.net.forward_batch)(
+            self.cache, ids.to(dev), positions.to(dev), mask
+        )
         self.num_forwards += 1
         return x.flatten(0, 1)[pick_rows(valid.flatten(), dev)]
 

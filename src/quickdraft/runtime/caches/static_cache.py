@@ -28,6 +28,15 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
 
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor, length: int) -> KVCache:
+        """A cache over given (layers, kv_heads, capacity, head_dim) keys and values holding `length`
+        positions: views into another owner's tensors (a batch cache's row, `BatchKVCache.row`), which
+        stays their one owner (it grows them; a forward through this writes into them)."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.length, cache.limit = k, v, length, k.shape[2]
+        return cache
+
     @property
     def capacity(self) -> int:
         return self.k.shape[2]

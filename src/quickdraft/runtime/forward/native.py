@@ -205,6 +205,16 @@ class NativeLlama:
             x = self.rms_norm(x, self.norm)
         return x, kept
 
+    def forward_lone(
+        self, cache: BatchKVCache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward_batch` over a batch of one running row ((1, T) ids and positions, (1, T, span) mask):
+        the one-sequence forward over its cache row (`BatchKVCache.row`; one C++ call for the layers where
+        it runs), the same bits as the batched layers, at about half a small model's batched step."""
+        at, t = cache.lengths[0], ids.shape[1]
+        h, _ = self.forward(cache.row(0), at, ids=ids[0], positions=positions[0], tree_mask=mask[0, :, : at + t])
+        return h[None]
+
     def forward_batch(
         self, cache: BatchKVCache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:

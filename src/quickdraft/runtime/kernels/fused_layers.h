@@ -49,8 +49,10 @@ Tensor llama_layers(Tensor x, const std::vector<Tensor>& norms, const std::vecto
   TORCH_CHECK(static_cast<int64_t>(kinds.size()) == linears && wa.size() == kinds.size() && wb.size() == kinds.size() &&
               outs.size() == kinds.size() && 2 * biases.size() == norms.size() && 2 * qkv_parts.size() == norms.size(),
               "llama_layers: q|k|v parts and three more linears, two norms and a bias a layer");
-  check_input(k_all, "llama_layers: k_all", k_all.scalar_type(), 4);
-  check_input(v_all, "llama_layers: v_all", k_all.scalar_type(), 4);
+  for (const Tensor* t : {&k_all, &v_all})  // each layer's (kv, capacity, d) contiguous: a batch cache's row is a view
+    TORCH_CHECK(t->defined() && t->device().is_cpu() && t->scalar_type() == k_all.scalar_type() && t->dim() == 4 &&
+                    t->select(0, 0).is_contiguous(),
+                "llama_layers: caches (layers, kv heads, capacity, d), each layer contiguous, got ", t->sizes());
   TORCH_CHECK(k_all.sizes() == v_all.sizes() && first >= 0 && first + count <= k_all.size(0),
               "llama_layers: layers ", first, "..", first + count, " beyond the cache's ", k_all.size(0));
   x = x.contiguous();
