@@ -11,7 +11,6 @@ measured surface). The surface is measured once per host for the embedded defaul
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from quickdraft.costs.cost_curve import _persisted, host_key, relative_cost
@@ -24,7 +23,9 @@ Surface = dict[tuple[int, int], float]
 
 
 def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 200, repeats: int = 3) -> Surface:
-    """{(rows, width): median seconds of a batched forward / that of (1, 1)}, every row after
+    """{(rows, width): the least seconds of a batched forward's timed passes / that of (1, 1)} (a busy
+    host's interference only adds time: a median of three had priced 16 plain rows above 16 rows of 2,
+    and stopped the sizes there), every row after
     `context` cached tokens; batch sizes from the smallest up, a size past 16 only while the size before
     it still made plain rows GROWTH times faster (a 1.5B stops at 16 rows; the 135M goes on). target: a
     `models.batched.BatchedTarget` with no running rows and max_batch >= max(batches); it has none
@@ -53,13 +54,13 @@ def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 2
     target.cache.lengths = lengths
     while target.rows:
         target.remove(target.rows - 1)
-    base = statistics.median(times[(batches[0], widths[0])][1:])  # the first pass warms up
-    return {key: statistics.median(t[1:]) / base for key, t in times.items()}
+    base = min(times[(batches[0], widths[0])][1:])  # the first pass warms up
+    return {key: min(t[1:]) / base for key, t in times.items()}
 
 
 def plain_rate(times: dict[tuple[int, int], list[float]], b: int) -> float:
     """Rows a second of b plain rows (width 1), from their timed forwards (the first a warm-up)."""
-    return b / statistics.median(times[(b, 1)][1:])
+    return b / min(times[(b, 1)][1:])
 
 
 def batch_cost_surface(make_target, model_name: str, dtype: str, persist: bool, weights: str = "none") -> Surface:
