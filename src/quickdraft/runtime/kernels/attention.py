@@ -43,7 +43,7 @@ def invariant_prefill():
     same bits whatever piece of the prompt it is prefilled in. The batched path's prefills need it: their
     pieces, and the prefixes they take from other requests, depend on what else the server runs, and
     SDPA's sums depend on the piece (greedy answers changed with the load: docs/performance.md, "Many
-    clients"). What runs beyond KERNEL_CONTEXT stays SDPA's: `caches/prefix_store.reusable` says what a
+    clients"). What runs beyond KERNEL_CONTEXT stays SDPA's: `runtime/caches/prefix_store.reusable` says what a
     prefill may take there."""
     before = getattr(_invariant, "on", False)
     _invariant.on = True
