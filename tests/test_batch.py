@@ -231,6 +231,11 @@ def test_plan_reads_the_surface():
     avx2 = {(1, 1): 1.0, (1, 5): 1.62, (2, 1): 1.03, (2, 5): 4.52, (4, 1): 1.73, (4, 5): 7.74}
     avx2 |= {(8, 1): 2.84, (8, 5): 11.23, (16, 1): 5.77, (16, 5): 23.72}
     assert fit_max_batch(avx2, {b: 4 for b in (1, 2, 4, 8, 16)}, None) == 8
+    # a row's drafting priced beside the forward: the budget that paid at 4 rows by its forward alone
+    # loses once each row's lookups cost a tenth of a step (control: free lookups keep it)
+    assert plan_budgets(surface, gain, drafting=lambda k: 0.1) == {1: 4, 4: 0, 16: 0}
+    assert plan_budgets(surface, gain, drafting=lambda k: 0.0) == plan_budgets(surface, gain)
+    assert BatchPlan(surface, gain, draft_cost=lambda k: 0.1).budgets == {1: 4, 4: 0, 16: 0}
     plan = BatchPlan(surface, gain, replan=1)
     plan.observe([(4, 0)] * 200)  # drafts never accepted: speculation stops everywhere
     assert plan.budgets == {1: 0, 4: 0, 16: 0} and plan.request(1, 10) is None

@@ -231,8 +231,9 @@ class Engine:
             self.parts.memo["batch_surface"] = surface
         surface = self.parts.memo["batch_surface"]
         trees = drafter is not None and drafter.drafts_trees and (auto or bool(draft.tree))
-        plan = BatchPlan(surface, gain, fixed, trees=trees, tree_width=draft.tree_width, keep_drafting=keep)
-        return plan, fit_max_batch(surface, plan.budgets, gain)  # on the table's own gains (not yet calibrated)
+        cost = draft_cost(self.parts, not trees) if auto else None  # a row's drafting, priced beside the forward
+        plan = BatchPlan(surface, gain, fixed, trees, draft.tree_width, keep_drafting=keep, draft_cost=cost)
+        return plan, fit_max_batch(surface, plan.budgets, gain, drafting=cost)  # the table's own gains
 
     def batch_decoder(
         self, max_batch: int | None = None, prefill_chunk: int = 128, graphs: bool | None = None

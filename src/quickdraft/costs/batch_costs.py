@@ -12,6 +12,7 @@ measured surface). The surface is measured once per host for the embedded defaul
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from quickdraft.costs.cost_curve import _persisted, host_key, relative_cost
 
@@ -20,6 +21,7 @@ WIDTHS = (1, 2, 5, 9, 17)  # budget + 1 for the budgets of the gain tables (1, 4
 WIDE = 32  # from this batch on, widths up to 5 only (a wide block at a wide batch is compute-bound: no budget pays)
 GROWTH = 1.1  # a batch size is measured while the one before it made plain rows this much faster
 Surface = dict[tuple[int, int], float]
+Drafting = Callable[[int], float]  # draft nodes -> a row's drafting of them, in one-row steps
 
 
 def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 200, repeats: int = 3) -> Surface:
@@ -88,10 +90,14 @@ def surface_cost(surface: Surface, rows: int, width: int) -> float:
     return relative_cost({w: v for (bb, w), v in surface.items() if bb == b}, width)
 
 
-def plan_budgets(surface: Surface, gain: dict[int, float] | None, fixed: int | None = None) -> dict[int, int]:
+def plan_budgets(
+    surface: Surface, gain: dict[int, float] | None, fixed: int | None = None, drafting: Drafting | None = None
+) -> dict[int, int]:
     """{batch size: draft budget per row} for each measured batch size: `fixed` when given, else the
-    budget (a key of `gain`, or 0) maximising gain[k] / cost(B, k + 1); 0 where no budget beats
-    plain decoding, or without a gain table."""
+    budget (a key of `gain`, or 0) maximising gain[k] / (cost(B, k + 1) + B drafting(k)); 0 where no
+    budget beats plain decoding, or without a gain table. `drafting(k)`: a row's drafting of k nodes, in
+    one-row steps (a suffix drafter's lookups; unpriced, a budget of 1 had beaten plain rows at 32 rows
+    by its forward alone and lost by its lookups)."""
     plan = {}
     for b in sorted({b for b, _ in surface}):
         if fixed is not None or not gain:
@@ -99,14 +105,25 @@ def plan_budgets(surface: Surface, gain: dict[int, float] | None, fixed: int | N
             continue
         best, rate = 0, 1.0 / surface_cost(surface, b, 1)
         for k, tokens in sorted(gain.items()):
-            r = tokens / surface_cost(surface, b, k + 1)
+            r = tokens / round_cost(surface, b, k, drafting)
             if r > rate * 1.0001:
                 best, rate = k, r
         plan[b] = best
     return plan
 
 
-def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float] | None, growth: float = GROWTH) -> int:
+def round_cost(surface: Surface, b: int, k: int, drafting: Drafting | None) -> float:
+    """A round of b rows with k draft nodes each, in one-row steps: the forward, and every row's drafting."""
+    return surface_cost(surface, b, k + 1) + (b * drafting(k) if drafting is not None and k else 0.0)
+
+
+def fit_max_batch(
+    surface: Surface,
+    plan: dict[int, int],
+    gain: dict[int, float] | None,
+    growth: float = GROWTH,
+    drafting: Drafting | None = None,
+) -> int:
     """The default batch size: the largest measured B (from the smallest up) while the aggregate
     token rate (both at their planned budgets) still grows by `growth` per measured size. Under a
     load of more requests than rows the others wait, so the batch that makes the most tokens per
@@ -122,7 +139,7 @@ def fit_max_batch(surface: Surface, plan: dict[int, int], gain: dict[int, float]
         k = plan[b]
         if not (gain and k in gain):
             return plain
-        return max(plain, b * gain[k] / surface_cost(surface, b, k + 1))
+        return max(plain, b * gain[k] / round_cost(surface, b, k, drafting))
 
     sizes = sorted(plan)
     chosen = sizes[0]

@@ -3,6 +3,8 @@ calibrated by what the rows accept (`BatchPlan`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from quickdraft.costs.batch_costs import covering_size, plan_budgets
 from quickdraft.drafters.base import DraftRequest, KeepDrafting
 from quickdraft.drafters.tree import TreeShape
@@ -28,6 +30,7 @@ class BatchPlan:
         tree_width: a tree's width.
         keep_drafting: a chain's early stop, asked after each draft token (a draft model's p-min: its
             chains of `fixed` end after a token it is unsure of, as a lone request's do), or None.
+        draft_cost: draft nodes -> a row's drafting of them in one-row steps (`parts.draft_cost`), or None.
     """
 
     def __init__(
@@ -40,10 +43,11 @@ class BatchPlan:
         prior: float = 32.0,
         replan: int = 8,
         keep_drafting: KeepDrafting | None = None,
+        draft_cost: Callable[[int], float] | None = None,
     ) -> None:
         self.surface, self.gain, self.fixed = surface, dict(gain) if gain else None, fixed
         self.trees, self.tree_width, self.replan = trees, tree_width, replan
-        self.keep_drafting = keep_drafting
+        self.keep_drafting, self.draft_cost = keep_drafting, draft_cost
         self.promised, self.accepted = prior, prior  # extra tokens: the table's, the rows'
         self._since = 0
         self.budgets = self._plan()
@@ -65,7 +69,8 @@ class BatchPlan:
             return {1: self.fixed}
         if not self.gain:
             return plan_budgets(self.surface, None, self.fixed)
-        return plan_budgets(self.surface, {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()})
+        gain = {k: 1.0 + (g - 1.0) * self.scale for k, g in self.gain.items()}
+        return plan_budgets(self.surface, gain, drafting=self.draft_cost)
 
     def budget(self, rows: int) -> int:
         return self.budgets[covering_size(self.budgets, rows)]
