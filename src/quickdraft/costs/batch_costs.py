@@ -35,10 +35,12 @@ def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 2
     if target.rows:
         raise ValueError("measure_batch_costs: the batch is running")
     from quickdraft.runtime.caches.batched import RowBlock
+    from quickdraft.runtime.kernels.attention import invariant_prefill
 
     context = max(1, min(context, target.max_length - max(widths)))  # a short-context model: fewer
     probe = [3 + i % max(1, target.vocab_size - 3) for i in range(context)]
-    target.prefill(probe, first=True)
+    with invariant_prefill():  # the prefill cache keeps the probe: held rows as a request's prefill makes them
+        target.prefill(probe, first=True)
     for _ in range(max(batches)):
         target.adopt()
     lengths = list(target.cache.lengths)
