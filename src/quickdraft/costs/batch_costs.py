@@ -27,11 +27,10 @@ Drafting = Callable[[int], float]  # draft nodes -> a row's drafting of them, in
 def measure_batch_costs(target, batches=BATCHES, widths=WIDTHS, context: int = 200, repeats: int = 3) -> Surface:
     """{(rows, width): the least seconds of a batched forward's timed passes / that of (1, 1)} (a busy
     host's interference only adds time: a median of three had priced 16 plain rows above 16 rows of 2,
-    and stopped the sizes there), every row after
-    `context` cached tokens; batch sizes from the smallest up, a size past 16 only while the size before
-    it still made plain rows GROWTH times faster (a 1.5B stops at 16 rows; the 135M goes on). target: a
-    `models.batched.BatchedTarget` with no running rows and max_batch >= max(batches); it has none
-    running afterwards either."""
+    and stopped the sizes there), every row after `context` cached tokens; batch sizes from the smallest
+    up, a size past 16 only while the size before it still made plain rows GROWTH times faster. target:
+    a `runtime/caches/batched.BatchedTarget` with no running rows and max_batch >= max(batches); it has
+    none running afterwards either."""
     if target.rows:
         raise ValueError("measure_batch_costs: the batch is running")
     from quickdraft.runtime.caches.batched import RowBlock
