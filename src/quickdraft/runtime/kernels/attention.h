@@ -154,10 +154,24 @@ void attend_group_rows(const scalar_t* Qp, const scalar_t* Kg, const scalar_t* V
   }
 }
 
+// The head sizes attend_group_rows has a tile for.
+inline bool tiled_head(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+// attend_group_rows at a head size of `d` (tiled_head), its tile picked at run time: attend_avx512's and
+// attend_batch's (batch_attention.h).
+template <typename scalar_t>
+inline void attend_group_tiled(int64_t d, const scalar_t* Qp, const scalar_t* Kg, const scalar_t* Vg, const bool* M,
+                               scalar_t* O, int64_t heads, int64_t group, int64_t g, int64_t r0, int64_t r1,
+                               int64_t stride, const int64_t* lengths, float scale) {
+  if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+  else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+  else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+}
+
 template <typename scalar_t>
 bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, const bool* M, scalar_t* O, int64_t T,
                    int64_t heads, int64_t kv, int64_t d, int64_t cap, int64_t stride, const int64_t* lengths) {
-  if (d != 64 && d != 128 && d != 256) return false;
+  if (!tiled_head(d)) return false;
   // tasks: a kv head's rows (row x head of its group) in chunks, about two tasks a thread, at most kMaxChunk
   // rows each (a chunk reads its keys and values once, so the wider the fewer passes over the cache)
   const int64_t group = heads / kv, rows = T * group, tasks = 2 * std::max<int64_t>(1, at::get_num_threads());
@@ -172,9 +186,7 @@ bool attend_avx512(const scalar_t* Qp, const scalar_t* Kp, const scalar_t* Vp, c
       const int64_t r0 = c * chunk, r1 = std::min(rows, r0 + chunk);
       const scalar_t* Kg = Kp + g * cap * d;
       const scalar_t* Vg = Vp + g * cap * d;
-      if (d == 64) attend_group_rows<scalar_t, 4>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
-      else if (d == 128) attend_group_rows<scalar_t, 8>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
-      else attend_group_rows<scalar_t, 16>(Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
+      attend_group_tiled<scalar_t>(d, Qp, Kg, Vg, M, O, heads, group, g, r0, r1, stride, lengths, scale);
     }
   });
   return true;

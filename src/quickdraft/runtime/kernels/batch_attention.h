@@ -20,7 +20,7 @@ bool attend_batch_avx512(const scalar_t* Q, const scalar_t* K, const scalar_t* V
                          const int64_t* lengths) {
 #if defined(__AVX512F__)
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (d != 64 && d != 128 && d != 256) return false;
+    if (!tiled_head(d)) return false;
     const int64_t group = heads / kv, rows = T * group, chunk = std::min<int64_t>(kMaxChunk, rows);
     const int64_t chunks = (rows + chunk - 1) / chunk, seq = kv * cap * d;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
@@ -31,9 +31,7 @@ bool attend_batch_avx512(const scalar_t* Q, const scalar_t* K, const scalar_t* V
         const scalar_t *Kg = K + b * seq + g * cap * d, *Vg = V + b * seq + g * cap * d, *Qb = Q + o;
         const bool* Mb = M + b * T * span;
         const int64_t* lb = lengths + b * T;
-        if (d == 64) attend_group_rows<scalar_t, 4>(Qb, Kg, Vg, Mb, O + o, heads, group, g, r0, r1, span, lb, scale);
-        else if (d == 128) attend_group_rows<scalar_t, 8>(Qb, Kg, Vg, Mb, O + o, heads, group, g, r0, r1, span, lb, scale);
-        else attend_group_rows<scalar_t, 16>(Qb, Kg, Vg, Mb, O + o, heads, group, g, r0, r1, span, lb, scale);
+        attend_group_tiled<scalar_t>(d, Qb, Kg, Vg, Mb, O + o, heads, group, g, r0, r1, span, lb, scale);
       }
     });
     return true;
@@ -57,8 +55,8 @@ Tensor attend_batch(const Tensor& y, const Tensor& cos, const Tensor& sin, Tenso
   check_input(mask, "attend_batch: mask", at::kBool, 3);
   const int64_t B = starts.size(0), N = y.size(0), d = cos.size(1), kv = kv_heads;
   TORCH_CHECK(B >= 1 && N % B == 0, "attend_batch: ", N, " rows for ", B, " sequences");
-  const int64_t T = N / B, cap = k_cache.size(2), span = mask.size(2), group = heads / std::max<int64_t>(1, kv);
   TORCH_CHECK(heads > 0 && kv > 0 && heads % kv == 0, "attend_batch: heads ", heads, ", kv heads ", kv);
+  const int64_t T = N / B, cap = k_cache.size(2), span = mask.size(2), group = heads / kv;
   TORCH_CHECK(d > 0 && d % 2 == 0 && cos.size(0) == N && sin.sizes() == cos.sizes(), "attend_batch: cos, sin (B T, d)");
   TORCH_CHECK(y.size(1) == (heads + 2 * kv) * d, "attend_batch: qkv width");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(0) >= B && k_cache.size(1) == kv &&
