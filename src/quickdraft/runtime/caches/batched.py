@@ -114,9 +114,12 @@ class BatchedTarget:
     def invariant_until(self, chunk: int) -> int:
         """Positions up to which a prefill's attention is row-invariant within `invariant_prefill` (the
         fused kernels run this target), in whole pieces of `chunk`; 0 where nothing is."""
-        net = self.net
-        fused = net.device.type == "cpu" and net.dtype in (torch.bfloat16, torch.float32, torch.float64)
-        return attention.KERNEL_CONTEXT // chunk * chunk if fused and kernels.fused_ops() is not None else 0
+        return attention.KERNEL_CONTEXT // chunk * chunk if self._fused() else 0
+
+    def _fused(self) -> bool:
+        """Whether the fused kernels run this target's rows (`kernels.usable` on its weights' dtype and
+        device; inference, whatever the caller's grad mode)."""
+        return kernels.usable(self.net.embed.detach())
 
     def keep(self, row: int, context: Sequence[int], aligned: int | None = None) -> None:
         """Keep a leaving row's cached positions (its `context`'s first ones) for a prompt that comes back;
@@ -183,7 +186,7 @@ class BatchedTarget:
         dev = self.net.device
         lengths = torch.tensor(self.cache.lengths, dtype=torch.long)  # the starts, read on the host
         ids, positions, mask, valid = block_inputs(blocks, lengths, width, self.cache.span)
-        lone = len(blocks) == 1 and kernels.usable(self.net.embed)  # a lone row: one C++ call, where it runs
+        lone = len(blocks) == 1 and self._fused()  # a lone row: one C++ call, where it runs
         x = (self.net.forward_lone if lone else self.net.forward_batch)(
             self.cache, ids.to(dev), positions.to(dev), mask
         )
